@@ -1,0 +1,721 @@
+"""
+Train a three-layer GraphSAGE node classifier with one DDP process per device,
+fed by GraphBolt's data loader. It follows DGL's multi-GPU GraphBolt example
+(examples/multigpu/graphbolt/node_classification.py) and also runs without a
+GPU (gloo backend on CPU ranks), offline on a dataset directory, and under
+torchrun.
+
+    python node_classification.py --gpu=0,1                  # two GPUs, or two CPU ranks
+    python node_classification.py --gpu=0,1 --mode cpu-cpu --dataset data/synthetic
+    torchrun --nproc-per-node=2 node_classification.py --dataset data/synthetic
+
+This flowchart describes the main functional sequence of the example:
+main
+│
+├───> parse_args, plan_run: check arguments, devices and backend (no spawn yet)
+│
+├───> load_dataset (parent process: downloads/preprocesses once)
+│
+└───> run (one process per device, or one per torchrun process)
+      │
+      ├───> Init process group and build distributed SAGE model (HIGHLIGHT)
+      │
+      ├───> train
+      │     │
+      │     ├───> Get GraphBolt dataloader with DistributedItemSampler
+      │     │     (HIGHLIGHT)
+      │     │
+      │     └───> Training loop under Join
+      │           │
+      │           ├───> SAGE.forward
+      │           │
+      │           ├───> Validation set evaluation
+      │           │
+      │           └───> Collect accuracy and loss from all ranks (HIGHLIGHT)
+      │
+      └───> Test set evaluation
+"""
+import argparse
+import inspect
+import os
+import socket
+import sys
+import time
+
+# Without this, importing dgl warns that no backend is configured.
+os.environ.setdefault("DGLBACKEND", "pytorch")
+
+import dgl.graphbolt as gb
+import dgl.nn as dglnn
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+import torchmetrics.functional as MF
+import tqdm
+from torch.distributed.algorithms.join import Join
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+BUILTIN_DATASETS = ["cora", "ogbn-arxiv", "ogbn-products", "ogbn-papers100M"]
+MODES = ["auto", "cpu-cpu", "cpu-cuda", "pinned-cuda", "cuda-cuda"]
+NUM_LAYERS = 3
+HIDDEN_SIZE = 256
+FEAT_KEY = ("node", None, "feat")
+
+
+class SAGE(nn.Module):
+    def __init__(self, in_size, hidden_size, out_size):
+        super().__init__()
+        self.layers = nn.ModuleList()
+        # Three-layer GraphSAGE-mean.
+        self.layers.append(dglnn.SAGEConv(in_size, hidden_size, "mean"))
+        self.layers.append(dglnn.SAGEConv(hidden_size, hidden_size, "mean"))
+        self.layers.append(dglnn.SAGEConv(hidden_size, out_size, "mean"))
+        self.dropout = nn.Dropout(0.5)
+        self.hidden_size = hidden_size
+        self.out_size = out_size
+
+    def forward(self, blocks, x):
+        hidden_x = x
+        for layer_idx, (layer, block) in enumerate(zip(self.layers, blocks)):
+            hidden_x = layer(block, hidden_x)
+            is_last_layer = layer_idx == len(self.layers) - 1
+            if not is_last_layer:
+                hidden_x = F.relu(hidden_x)
+                hidden_x = self.dropout(hidden_x)
+        return hidden_x
+
+
+def _accepts(callable_, name):
+    """True if `callable_` takes a parameter `name`: how this script tells
+    GraphBolt releases apart (never by parsing version strings)."""
+    return name in inspect.signature(callable_).parameters
+
+
+def create_dataloader(
+    graph,
+    features,
+    itemset,
+    device,
+    storage,
+    is_train,
+    batch_size,
+    fanout,
+    num_workers,
+):
+    ############################################################################
+    # [HIGHLIGHT]
+    # Get a GraphBolt dataloader for node classification tasks with multi-gpu
+    # distributed training. DistributedItemSampler instead of ItemSampler should
+    # be used: it gives every rank its own contiguous share of the items, in
+    # whole batches. For training, `drop_last` and `drop_uneven_inputs` give
+    # every rank the same number of full batches; for evaluation nothing is
+    # dropped, so every item is scored exactly once (some ranks may get none).
+    ############################################################################
+    datapipe = gb.DistributedItemSampler(
+        item_set=itemset,
+        batch_size=batch_size,
+        drop_last=is_train,
+        shuffle=is_train,
+        drop_uneven_inputs=is_train,
+    )
+    # With the graph on the GPU (pinned or device memory) sampling runs there,
+    # so the seeds move first. dgl 2.1.0's copy_to skips seed_nodes unless
+    # asked to; newer releases copy everything and have no `extra_attrs`.
+    if storage != "cpu":
+        if _accepts(gb.CopyTo.__init__, "extra_attrs"):
+            datapipe = datapipe.copy_to(device, extra_attrs=["seed_nodes"])
+        else:
+            datapipe = datapipe.copy_to(device)
+    # Newer GraphBolt overlaps fetching with sampling; 2.1.0 has no such knobs.
+    sampler_options = {}
+    if _accepts(gb.NeighborSampler.__init__, "overlap_fetch"):
+        sampler_options["overlap_fetch"] = storage == "pinned"
+    if _accepts(gb.NeighborSampler.__init__, "asynchronous"):
+        sampler_options["asynchronous"] = storage != "cpu"
+    datapipe = datapipe.sample_neighbor(graph, fanout, **sampler_options)
+    datapipe = datapipe.fetch_feature(features, node_feature_keys=["feat"])
+    if storage == "cpu":
+        datapipe = datapipe.copy_to(device)
+    return gb.DataLoader(datapipe, num_workers)
+
+
+def weighted_reduce(tensor, weight, dst=0):
+    ########################################################################
+    # (HIGHLIGHT) Collect accuracy and loss values from sub-processes and
+    # obtain overall average values.
+    #
+    # Ranks may process different numbers of items (a rank can even have
+    # none), so each rank sends sum(value * count) and its count; rank `dst`
+    # divides the totals. A rank with no items adds zero to both sums.
+    ########################################################################
+    dist.reduce(tensor=tensor, dst=dst)
+    weight = torch.tensor(weight, dtype=tensor.dtype, device=tensor.device)
+    dist.reduce(tensor=weight, dst=dst)
+    return tensor / weight
+
+
+@torch.no_grad()
+def evaluate(rank, model, dataloader, num_classes, device):
+    """Returns (number of correct predictions, number of items) on this rank.
+    Counting, instead of concatenating predictions, works when a rank
+    receives no items at all."""
+    model.eval()
+    num_correct = torch.tensor(0.0, device=device)
+    num_items = 0
+    for data in tqdm.tqdm(dataloader) if rank == 0 else dataloader:
+        blocks = data.blocks
+        x = data.node_features["feat"]
+        y = data.labels
+        # Call the wrapped module: no DDP hooks, no collectives.
+        y_hat = model.module(blocks, x)
+        accuracy = MF.accuracy(
+            y_hat, y, task="multiclass", num_classes=num_classes
+        )
+        num_correct += accuracy * y.size(0)
+        num_items += y.size(0)
+    return num_correct, num_items
+
+
+def train(
+    rank,
+    model,
+    train_dataloader,
+    valid_dataloader,
+    num_classes,
+    device,
+    epochs,
+    lr,
+):
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+
+    for epoch in range(epochs):
+        epoch_start = time.time()
+
+        model.train()
+        total_loss = torch.tensor(0, dtype=torch.float, device=device)
+        num_train_items = 0
+        ########################################################################
+        # (HIGHLIGHT) Use Join Context Manager to solve uneven input problem.
+        #
+        # DDP requires every rank to run the same number of steps, otherwise
+        # the program may error or hang. `drop_uneven_inputs=True` in the
+        # training sampler already evens them out; Join also covers custom
+        # samplers that do not. See
+        # https://pytorch.org/tutorials/advanced/generic_join.html
+        ########################################################################
+        with Join([model]):
+            for data in (
+                tqdm.tqdm(train_dataloader) if rank == 0 else train_dataloader
+            ):
+                # The input features are from the source nodes in the first
+                # layer's computation graph.
+                x = data.node_features["feat"]
+
+                # The ground truth labels are from the destination nodes
+                # in the last layer's computation graph.
+                y = data.labels
+
+                blocks = data.blocks
+
+                y_hat = model(blocks, x)
+
+                # Compute loss.
+                loss = F.cross_entropy(y_hat, y)
+
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+
+                total_loss += loss.detach() * y.size(0)
+                num_train_items += y.size(0)
+
+        # Evaluate the model.
+        if rank == 0:
+            print("Validating...")
+        num_correct, num_val_items = evaluate(
+            rank, model, valid_dataloader, num_classes, device
+        )
+
+        total_loss = weighted_reduce(total_loss, num_train_items)
+        acc = weighted_reduce(num_correct, num_val_items)
+
+        # Synchronize before measuring the epoch time.
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        epoch_end = time.time()
+        if rank == 0:
+            print(
+                f"Epoch {epoch:05d} | "
+                f"Average Loss {total_loss.item():.4f} | "
+                f"Accuracy {acc.item():.4f} | "
+                f"Time {epoch_end - epoch_start:.4f}",
+                flush=True,
+            )
+
+
+def place_dataset(dataset, storage, device, gpu_cache_size):
+    """Puts the graph and features where --mode says; optionally fronts the
+    feature with a GPU cache of `gpu_cache_size` bytes."""
+    if storage == "pinned":
+        # Pin the graph and features to enable GPU access.
+        graph = dataset.graph.pin_memory_()
+        features = dataset.feature.pin_memory_()
+    elif storage == "cuda":
+        graph = dataset.graph.to(device)
+        features = dataset.feature.to(device)
+    else:
+        graph, features = dataset.graph, dataset.feature
+    if gpu_cache_size > 0 and storage != "cuda":
+        features[FEAT_KEY] = make_gpu_cache(features[FEAT_KEY], gpu_cache_size)
+    return graph, features
+
+
+def make_gpu_cache(feature, cache_bytes):
+    # Newer GraphBolt: a function taking bytes. dgl 2.1.0: a class taking rows
+    # (there `gb.gpu_cached_feature` is the module that holds the class).
+    if inspect.isfunction(getattr(gb, "gpu_cached_feature", None)):
+        return gb.gpu_cached_feature(feature, cache_bytes)
+    row = feature.read(torch.tensor([0]))
+    row_bytes = row.element_size() * row.numel()
+    return gb.GPUCachedFeature(feature, max(1, cache_bytes // row_bytes))
+
+
+def run(rank, plan, args, dataset):
+    """One training process. `rank` is its global rank."""
+    device = torch.device(plan["devices"][rank - plan["rank_offset"]])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.set_num_threads(plan["threads"])
+    dist.init_process_group(
+        backend=plan["backend"],
+        init_method=plan["init_method"],
+        world_size=plan["world_size"],
+        rank=rank,
+    )
+    try:
+        if dataset is None:
+            dataset = load_dataset_in_turn(rank, plan, args)
+        train_on_rank(rank, plan, args, dataset, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def load_dataset_in_turn(rank, plan, args):
+    """Under torchrun every process loads the dataset itself. Rank 0 goes
+    first (it may download or preprocess into the dataset directory), then
+    the first process of each other node, then everybody else, so that no
+    two processes write the same files at once."""
+    turn = 0 if rank == 0 else (1 if plan["local_rank"] == 0 else 2)
+    dataset = None
+    for stage in range(3):
+        if turn == stage:
+            dataset = load_dataset(args.dataset, args.data_root)
+            check_train_split(
+                len(dataset.tasks[0].train_set),
+                args.batch_size,
+                plan["world_size"],
+            )
+        dist.barrier()
+    return dataset
+
+
+def train_on_rank(rank, plan, args, dataset, device):
+    graph, features = place_dataset(
+        dataset, plan["storage"], device, args.gpu_cache_size
+    )
+    task = dataset.tasks[0]
+    num_classes = task.metadata["num_classes"]
+    in_size = features.size(*FEAT_KEY)[0]
+
+    # Create GraphSAGE model. It should be copied onto a GPU as a replica.
+    model = SAGE(in_size, HIDDEN_SIZE, num_classes).to(device)
+    model = DDP(model)
+
+    # Create data loaders.
+    def dataloader(itemset, is_train):
+        return create_dataloader(
+            graph,
+            features,
+            itemset,
+            device,
+            plan["storage"],
+            is_train,
+            args.batch_size,
+            args.fanout,
+            args.num_workers,
+        )
+
+    train_dataloader = dataloader(task.train_set, is_train=True)
+    valid_dataloader = dataloader(task.validation_set, is_train=False)
+    test_dataloader = dataloader(task.test_set, is_train=False)
+
+    # Model training.
+    if rank == 0:
+        print("Training...")
+    train(
+        rank,
+        model,
+        train_dataloader,
+        valid_dataloader,
+        num_classes,
+        device,
+        args.epochs,
+        args.lr,
+    )
+
+    # Test the model.
+    if rank == 0:
+        print("Testing...")
+    num_correct, num_test_items = evaluate(
+        rank, model, test_dataloader, num_classes, device
+    )
+    test_acc = weighted_reduce(num_correct, num_test_items)
+    if rank == 0:
+        print(f"Test Accuracy {test_acc.item():.4f}", flush=True)
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line, exit status 2, before any spawn."""
+
+
+def load_dataset(name_or_dir, data_root):
+    """The one place that reads datasets: a builtin GraphBolt dataset
+    (downloaded under `data_root` on first use) or an OnDiskDataset
+    directory. Checks what training needs."""
+    if name_or_dir in BUILTIN_DATASETS:
+        try:
+            dataset = gb.BuiltinDataset(name_or_dir, root=data_root).load()
+        except Exception as error:
+            raise UsageError(
+                f"could not fetch dataset '{name_or_dir}' into "
+                f"'{data_root}' ({type(error).__name__}: {error}); offline, "
+                "make one with scripts/make_synthetic_dataset.py DIR and pass "
+                "--dataset DIR"
+            ) from None
+    elif os.path.isdir(name_or_dir):
+        if not os.path.isfile(os.path.join(name_or_dir, "metadata.yaml")):
+            raise UsageError(
+                f"--dataset '{name_or_dir}' is a directory without "
+                "metadata.yaml, so it is not a GraphBolt OnDiskDataset"
+            )
+        dataset = gb.OnDiskDataset(name_or_dir).load()
+    else:
+        raise UsageError(
+            f"--dataset '{name_or_dir}' is neither a builtin dataset "
+            f"({', '.join(BUILTIN_DATASETS)}) nor a directory"
+        )
+    check_dataset(dataset, name_or_dir)
+    return dataset
+
+
+def check_dataset(dataset, name):
+    if not dataset.tasks:
+        raise UsageError(f"dataset '{name}' defines no task")
+    task = dataset.tasks[0]
+    if "num_classes" not in task.metadata:
+        raise UsageError(
+            f"dataset '{name}': task '{task.metadata.get('name', 0)}' has no "
+            "num_classes in metadata.yaml"
+        )
+    if FEAT_KEY not in dataset.feature.keys():
+        raise UsageError(
+            f"dataset '{name}' has no node feature named 'feat' (it has: "
+            f"{', '.join(str(k[2]) for k in dataset.feature.keys()) or 'none'})"
+        )
+    for split in ("train_set", "validation_set", "test_set"):
+        itemset = getattr(task, split)
+        if itemset is None or len(itemset) == 0:
+            raise UsageError(f"dataset '{name}' has an empty {split}")
+
+
+def check_train_split(num_train_items, batch_size, world_size):
+    """The training sampler drops partial and uneven batches, so each rank
+    needs one full batch: num_train_items >= batch_size * world_size."""
+    if num_train_items < batch_size * world_size:
+        largest = num_train_items // world_size
+        raise UsageError(
+            f"--batch-size {batch_size}: the train set has {num_train_items} "
+            f"items, too few for one full batch on each of {world_size} "
+            f"ranks; use --batch-size {largest} or less"
+            if largest > 0
+            else f"the train set has {num_train_items} items, fewer than the "
+            f"{world_size} ranks"
+        )
+
+
+def free_port():
+    """A free TCP port on this machine, so two runs never collide on a fixed
+    rendezvous port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def parse_gpu_list(text):
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise UsageError(
+            f"--gpu '{text}': expected device ids like 0 or 0,1,2,3"
+        ) from None
+    if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise UsageError(
+            f"--gpu '{text}': ids must be distinct and non-negative"
+        )
+    return ids
+
+
+def plan_run(args, env, cuda_available, num_cuda_devices, num_cores):
+    """The one place that decides devices, backend, world size, rendezvous
+    and threads. Everything it needs comes in as arguments so that every
+    mode can be checked without a GPU.
+
+    Returns a dict: mode, storage ("cpu", "pinned" or "cuda"), backend,
+    launcher ("spawn" or "torchrun"), world_size, rank_offset, local_rank,
+    devices (device strings for the processes of this launch, indexed by
+    rank - rank_offset), init_method, threads, notice (a line to print, or
+    None)."""
+    mode, notice = args.mode, None
+    if mode == "auto":
+        mode = "pinned-cuda" if cuda_available else "cpu-cpu"
+        if not cuda_available:
+            notice = (
+                "CUDA is not available: using --mode cpu-cpu "
+                "(one CPU process per --gpu entry, gloo backend)."
+            )
+    storage, train_device = mode.split("-")
+    if train_device == "cuda" and not cuda_available:
+        raise UsageError(
+            f"--mode {mode} needs CUDA, but no CUDA device is available "
+            "(is this DGL's CPU build?); use --mode cpu-cpu or auto"
+        )
+    if args.gpu_cache_size > 0 and train_device != "cuda":
+        raise UsageError(
+            f"--gpu-cache-size {args.gpu_cache_size} needs a CUDA training "
+            f"device, but --mode is {mode}"
+        )
+
+    torchrun = all(key in env for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    if torchrun:
+        # torchrun starts one process per rank; the device is LOCAL_RANK.
+        rank, local_rank = int(env["RANK"]), int(env["LOCAL_RANK"])
+        world_size = int(env["WORLD_SIZE"])
+        local_world_size = int(env.get("LOCAL_WORLD_SIZE", world_size))
+        device_ids, rank_offset = [local_rank], rank
+        init_method = "env://"
+    else:
+        device_ids = parse_gpu_list(args.gpu)
+        world_size = local_world_size = len(device_ids)
+        rank_offset, local_rank = 0, 0
+        port = args.master_port or free_port()
+        init_method = f"tcp://127.0.0.1:{port}"
+
+    if train_device == "cuda":
+        missing = [i for i in device_ids if i >= num_cuda_devices]
+        if missing:
+            raise UsageError(
+                f"GPU {missing[0]} does not exist: {num_cuda_devices} CUDA "
+                f"device(s) visible (ids 0..{num_cuda_devices - 1})"
+            )
+        devices = [f"cuda:{i}" for i in device_ids]
+    else:
+        devices = ["cpu"] * len(device_ids)
+
+    return {
+        "mode": mode,
+        "storage": storage,
+        "backend": "nccl" if train_device == "cuda" else "gloo",
+        "launcher": "torchrun" if torchrun else "spawn",
+        "world_size": world_size,
+        "rank_offset": rank_offset,
+        "local_rank": local_rank,
+        "devices": devices,
+        "init_method": init_method,
+        # Upstream's cpu_count // 2 // world_size is 0 on small machines.
+        "threads": max(1, num_cores // local_world_size),
+        "notice": notice,
+    }
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):
+        # One line naming the bad value, instead of usage text plus error.
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def int_at_least(minimum):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"'{text}' is not an integer"
+            ) from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(
+                f"{value} is too small (at least {minimum})"
+            )
+        return value
+
+    return parse
+
+
+def positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} must be positive")
+    return value
+
+
+def fanout_list(text):
+    try:
+        fanout = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not a comma-separated list of integers"
+        ) from None
+    if len(fanout) != NUM_LAYERS:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' has {len(fanout)} values, but the model has "
+            f"{NUM_LAYERS} SAGE layers"
+        )
+    if any(f == 0 or f < -1 for f in fanout):
+        raise argparse.ArgumentTypeError(
+            f"'{text}': each fanout is positive, or -1 for all neighbors"
+        )
+    return fanout
+
+
+def parse_args(argv=None):
+    parser = ArgumentParser(
+        description="Multi-GPU (or multi-process CPU) training of a GraphSAGE "
+        "model for node classification using the GraphBolt dataloader."
+    )
+    parser.add_argument(
+        "--gpu",
+        type=str,
+        default="0",
+        help="GPU(s) in use. Can be a list of gpu ids for multi-gpu training,"
+        " e.g., 0,1,2,3. In cpu-cpu mode each entry is one CPU process.",
+    )
+    parser.add_argument(
+        "--epochs",
+        type=int_at_least(1),
+        default=10,
+        help="Number of training epochs.",
+    )
+    parser.add_argument(
+        "--lr",
+        type=positive_float,
+        default=0.001,
+        help="Learning rate for optimization.",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int_at_least(1),
+        default=1024,
+        help="Batch size (per rank) for training.",
+    )
+    parser.add_argument(
+        "--fanout",
+        type=fanout_list,
+        default="10,10,10",
+        help="Fan-out of neighbor sampling, one value per layer (3 layers);"
+        " -1 takes all neighbors. Default: 10,10,10",
+    )
+    parser.add_argument(
+        "--num-workers",
+        type=int_at_least(0),
+        default=0,
+        help="The number of data loading worker processes per rank.",
+    )
+    parser.add_argument(
+        "--gpu-cache-size",
+        type=int_at_least(0),
+        default=0,
+        help="The capacity of the GPU feature cache in bytes (CUDA modes).",
+    )
+    parser.add_argument(
+        "--dataset",
+        type=str,
+        default="ogbn-products",
+        help="A builtin GraphBolt dataset ("
+        + ", ".join(BUILTIN_DATASETS)
+        + ") or the path of an OnDiskDataset directory (with metadata.yaml).",
+    )
+    parser.add_argument(
+        "--data-root",
+        type=str,
+        default="datasets",
+        help="Where builtin datasets are downloaded to.",
+    )
+    parser.add_argument(
+        "--mode",
+        default="auto",
+        choices=MODES,
+        help="Dataset storage placement and train device: 'cpu' for CPU and"
+        " RAM, 'pinned' for pinned memory in RAM, 'cuda' for GPU and GPU"
+        " memory. 'auto' is pinned-cuda with CUDA, otherwise cpu-cpu.",
+    )
+    parser.add_argument(
+        "--master-port",
+        type=int_at_least(1),
+        default=None,
+        help="Rendezvous port on 127.0.0.1 (default: a free port).",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        plan = plan_run(
+            args,
+            os.environ,
+            torch.cuda.is_available(),
+            torch.cuda.device_count(),
+            len(os.sched_getaffinity(0)),
+        )
+        if plan["launcher"] == "torchrun":
+            # Each torchrun process is one rank; it loads the data itself.
+            if plan["notice"] and plan["rank_offset"] == 0:
+                print(plan["notice"])
+            run(plan["rank_offset"], plan, args, None)
+            return
+        if plan["notice"]:
+            print(plan["notice"])
+        devices = "gpus" if plan["backend"] == "nccl" else "CPU processes"
+        print(f"Training with {plan['world_size']} {devices}.")
+
+        # Load and preprocess dataset once, in the parent.
+        dataset = load_dataset(args.dataset, args.data_root)
+        check_train_split(
+            len(dataset.tasks[0].train_set), args.batch_size, plan["world_size"]
+        )
+    except UsageError as error:
+        print(f"{os.path.basename(sys.argv[0])}: error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+    # Thread limiting to avoid resource competition.
+    os.environ["OMP_NUM_THREADS"] = str(plan["threads"])
+
+    mp.set_sharing_strategy("file_system")
+    try:
+        mp.spawn(
+            run,
+            args=(plan, args, dataset),
+            nprocs=plan["world_size"],
+            join=True,
+        )
+    except mp.ProcessException as error:
+        # mp.spawn has already stopped the other ranks.
+        sys.exit(f"error: rank {error.error_index} failed: {error}")
+
+
+if __name__ == "__main__":
+    main()
