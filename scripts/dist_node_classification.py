@@ -1,0 +1,384 @@
+"""
+Train GraphSAGE for node classification across machines with DGL's
+distributed engine (DistGraph).
+
+The single-machine example keeps the whole graph in each process. Here the
+graph is split into one partition per machine (scripts/partition_graph.py);
+each machine runs graph servers that hold its partition, and trainers that
+sample mini-batches from all servers over the network. The model, its
+arguments and its output lines are those of node_classification.py.
+
+This script is both the server and the trainer: a launcher starts it with
+DGL_ROLE=server or DGL_ROLE=client in the environment, and
+`dgl.distributed.initialize` turns the server processes into graph servers
+that never return. Do not run it by hand; use a launcher:
+
+    # One laptop, two simulated machines (root + iproute2, see docs/distributed.md):
+    python scripts/partition_graph.py --dataset datasets/synthetic \
+        --num-parts 2 --out partitions/synthetic --balance-train --balance-edges
+    python scripts/launch_local.py --part-config partitions/synthetic/synthetic.json \
+        --num-machines 2 -- --epochs 10
+
+    # A real cluster: DGL's tools/launch.py (ssh, shared file system):
+    python tools/launch.py --workspace ~/work --num-trainers 1 --num-samplers 0 \
+        --num-servers 1 --part-config partitions/synthetic/synthetic.json \
+        --ip-config ip_config.txt \
+        "python scripts/dist_node_classification.py --ip-config ip_config.txt \
+         --part-config partitions/synthetic/synthetic.json"
+
+Call tree:
+main
+├── parse_args / validate_args       before anything connects (servers too)
+├── dgl.distributed.initialize       servers serve their partition here
+└── run
+    ├── init_process_group("gloo")   rendezvous from MASTER_ADDR/PORT, RANK
+    ├── DistGraph + node_split       each trainer's share of the nodes (HIGHLIGHT)
+    ├── train
+    │   ├── create_dataloader        DistNodeDataLoader (HIGHLIGHT)
+    │   ├── Join                     trainers with fewer batches (HIGHLIGHT)
+    │   └── evaluate
+    │       └── weighted_reduce      exact metrics across trainers (HIGHLIGHT)
+    └── evaluate on the test set
+"""
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+import dgl
+import dgl.nn as dglnn
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.algorithms.join import Join
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+NUM_LAYERS = 3
+HIDDEN_SIZE = 256
+DATASET_INFO_FILE = "dataset_info.json"  # written by partition_graph.py
+
+
+class SAGE(nn.Module):
+    def __init__(self, in_size, hidden_size, out_size):
+        super().__init__()
+        self.layers = nn.ModuleList()
+        # Three-layer GraphSAGE-mean, as in node_classification.py.
+        self.layers.append(dglnn.SAGEConv(in_size, hidden_size, "mean"))
+        self.layers.append(dglnn.SAGEConv(hidden_size, hidden_size, "mean"))
+        self.layers.append(dglnn.SAGEConv(hidden_size, out_size, "mean"))
+        self.dropout = nn.Dropout(0.5)
+
+    def forward(self, blocks, x):
+        hidden_x = x
+        for layer_idx, (layer, block) in enumerate(zip(self.layers, blocks)):
+            hidden_x = layer(block, hidden_x)
+            if layer_idx != len(self.layers) - 1:
+                hidden_x = F.relu(hidden_x)
+                hidden_x = self.dropout(hidden_x)
+        return hidden_x
+
+
+def create_dataloader(g, node_ids, fanout, batch_size, shuffle):
+    ############################################################################
+    # (HIGHLIGHT) DistNodeDataLoader samples each mini-batch by asking the
+    # servers that own the seeds' neighbours, wherever they are. It iterates
+    # over this trainer's own node_ids only, so unlike GraphBolt's
+    # DistributedItemSampler it needs no rank or world size. Sampler processes
+    # come from DGL_NUM_SAMPLER (the launcher sets it), not from an argument.
+    ############################################################################
+    sampler = dgl.dataloading.NeighborSampler(fanout)
+    return dgl.dataloading.DistNodeDataLoader(
+        g,
+        node_ids,
+        sampler,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        drop_last=False,
+    )
+
+
+def weighted_reduce(value_sum, count):
+    ############################################################################
+    # (HIGHLIGHT) Exact mean across trainers: add up every trainer's
+    # sum of (value x count) and its count, then divide once. A trainer with
+    # no items adds zero to both, so it neither crashes nor skews the mean.
+    ############################################################################
+    totals = torch.tensor([float(value_sum), float(count)], dtype=torch.float64)
+    dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+    return (totals[0] / totals[1]).item() if totals[1] > 0 else 0.0
+
+
+@torch.no_grad()
+def evaluate(model, g, node_ids, fanout, batch_size, dump_path=None):
+    """Accuracy over all trainers' node_ids; each node is scored once."""
+    model.eval()
+    num_correct, num_items, seen = 0, 0, []
+    if len(node_ids) > 0:
+        dataloader = create_dataloader(g, node_ids, fanout, batch_size, False)
+        for _, seeds, blocks in dataloader:
+            x = g.ndata["feat"][blocks[0].srcdata[dgl.NID]]
+            y = g.ndata["label"][seeds].long()
+            # The unwrapped module: a DDP forward here would expect a backward.
+            y_hat = model.module(blocks, x)
+            num_correct += int((y_hat.argmax(dim=1) == y).sum())
+            num_items += len(seeds)
+            seen.append(seeds)
+    if dump_path is not None:
+        torch.save(torch.cat(seen) if seen else torch.empty(0), dump_path)
+    return weighted_reduce(num_correct, num_items)
+
+
+def train_one_epoch(model, optimizer, dataloader, g, debug, rank):
+    """Return this trainer's (sum of loss x seeds, seeds, seed ids)."""
+    model.train()
+    loss_sum, num_seeds, seen = 0.0, 0, []
+    ############################################################################
+    # (HIGHLIGHT) Trainers rarely get the same number of batches. Join lets a
+    # trainer that runs out keep answering the others' gradient all-reduces
+    # instead of leaving them waiting forever.
+    ############################################################################
+    with Join([model]):
+        for step, (_, seeds, blocks) in enumerate(dataloader):
+            if debug["fail_rank"] == rank and step == debug["fail_after"]:
+                raise RuntimeError(f"--fail-after-batches {step} on rank {rank}")
+            # Features and labels are fetched from the servers that own them.
+            x = g.ndata["feat"][blocks[0].srcdata[dgl.NID]]
+            y = g.ndata["label"][seeds].long()
+            loss = F.cross_entropy(model(blocks, x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.item() * len(seeds)
+            num_seeds += len(seeds)
+            seen.append(seeds)
+    return loss_sum, num_seeds, torch.cat(seen) if seen else torch.empty(0)
+
+
+def train(model, g, splits, args, rank):
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    train_loader = create_dataloader(
+        g, splits["train"], args.fanout, args.batch_size, shuffle=True
+    )
+    debug = {"fail_rank": args.fail_rank, "fail_after": args.fail_after_batches}
+    for epoch in range(args.epochs):
+        epoch_start = time.time()
+        loss_sum, num_seeds, seeds = train_one_epoch(
+            model, optimizer, train_loader, g, debug, rank
+        )
+        if args.dump_seeds:
+            path = os.path.join(args.dump_seeds, f"train_e{epoch}_r{rank}.pt")
+            torch.save(seeds, path)
+        average_loss = weighted_reduce(loss_sum, num_seeds)
+        accuracy = evaluate(
+            model, g, splits["val"], args.fanout, args.batch_size,
+            dump_path=_dump_path(args.dump_seeds, f"val_e{epoch}_r{rank}.pt"),
+        )
+        if rank == 0:
+            print(
+                f"Epoch {epoch:05d} | "
+                f"Average Loss {average_loss:.4f} | "
+                f"Accuracy {accuracy:.4f} | "
+                f"Time {time.time() - epoch_start:.4f}",
+                flush=True,
+            )
+
+
+def _dump_path(dump_dir, name):
+    return None if dump_dir is None else os.path.join(dump_dir, name)
+
+
+def run(args, num_classes):
+    # The launcher sets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE.
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        print(f"Training with {world_size} trainers.", flush=True)
+    torch.manual_seed(args.seed)
+
+    g = dgl.distributed.DistGraph(args.graph_name, part_config=args.part_config)
+    ############################################################################
+    # (HIGHLIGHT) node_split gives each trainer a disjoint share of a mask's
+    # nodes, preferring nodes stored on its own machine. force_even=True makes
+    # the shares differ by at most one node and cover every node exactly once,
+    # which keeps validation and test metrics exact.
+    ############################################################################
+    partition_book = g.get_partition_book()
+    splits = {
+        name: dgl.distributed.node_split(
+            g.ndata[f"{name}_mask"], partition_book, force_even=True
+        )
+        for name in ("train", "val", "test")
+    }
+    in_size = g.ndata["feat"].shape[1]
+    model = DDP(SAGE(in_size, HIDDEN_SIZE, num_classes))
+
+    train(model, g, splits, args, rank)
+    test_accuracy = evaluate(
+        model, g, splits["test"], args.fanout, args.batch_size,
+        dump_path=_dump_path(args.dump_seeds, f"test_r{rank}.pt"),
+    )
+    if rank == 0:
+        print(f"Test Accuracy {test_accuracy:.4f}", flush=True)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description="Distributed GraphSAGE node classification on DGL "
+        "partitions (start it with launch_local.py or DGL's tools/launch.py)."
+    )
+    parser.add_argument(
+        "--ip-config",
+        default=os.environ.get("DGL_IP_CONFIG"),
+        help="File with one 'IP [PORT]' line per machine. Default: "
+        "$DGL_IP_CONFIG, set by the launchers.",
+    )
+    parser.add_argument(
+        "--part-config",
+        default=os.environ.get("DGL_CONF_PATH"),
+        help="Partition config written by partition_graph.py. Default: "
+        "$DGL_CONF_PATH, set by the launchers.",
+    )
+    parser.add_argument(
+        "--epochs", type=int, default=10, help="Number of training epochs."
+    )
+    parser.add_argument(
+        "--lr", type=float, default=0.001, help="Learning rate for Adam."
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=1024, help="Seeds per mini-batch."
+    )
+    parser.add_argument(
+        "--fanout",
+        type=str,
+        default="10,10,10",
+        help="Neighbours sampled per layer, one number per layer "
+        f"({NUM_LAYERS} layers); -1 takes all. Default: 10,10,10",
+    )
+    parser.add_argument(
+        "--num-workers",
+        type=int,
+        default=0,
+        help="Sampler processes per trainer. Must equal the launcher's "
+        "sampler count ($DGL_NUM_SAMPLER). Default: 0",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="Random seed.")
+    parser.add_argument(
+        "--use-graphbolt",
+        action="store_true",
+        help="Sample with GraphBolt on the servers (partition with "
+        "partition_graph.py --use-graphbolt).",
+    )
+    debug = parser.add_argument_group("debugging (used by the tests)")
+    debug.add_argument(
+        "--dump-seeds",
+        default=None,
+        help="Directory to save each trainer's train/val/test seed ids into.",
+    )
+    debug.add_argument(
+        "--fail-after-batches",
+        type=int,
+        default=None,
+        help="Make trainer --fail-rank raise after this many batches.",
+    )
+    debug.add_argument(
+        "--fail-rank", type=int, default=0, help="See --fail-after-batches."
+    )
+    return parser.parse_args(argv)
+
+
+def read_json(path, what):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        sys.exit(f"error: {what} {path} does not exist")
+    except json.JSONDecodeError as e:
+        sys.exit(f"error: {what} {path} is not valid JSON ({e})")
+
+
+def count_machines(ip_config):
+    try:
+        with open(ip_config) as f:
+            return sum(1 for line in f if line.strip())
+    except FileNotFoundError:
+        sys.exit(f"error: --ip-config {ip_config} does not exist")
+
+
+def validate_args(args):
+    """Check the arguments and the partition files; return num_classes.
+
+    Servers run this too, so a bad config stops every process with the same
+    one-line error instead of leaving some waiting for the others.
+    """
+    if args.ip_config is None or args.part_config is None:
+        sys.exit("error: --ip-config and --part-config are required")
+    try:
+        args.fanout = [int(f) for f in args.fanout.split(",")]
+    except ValueError:
+        sys.exit(f"error: --fanout {args.fanout} is not comma-separated integers")
+    if len(args.fanout) != NUM_LAYERS or any(
+        f == 0 or f < -1 for f in args.fanout
+    ):
+        sys.exit(
+            f"error: --fanout needs {NUM_LAYERS} positive numbers (or -1), "
+            f"got {args.fanout}"
+        )
+    for name in ("epochs", "batch_size"):
+        if getattr(args, name) < (0 if name == "epochs" else 1):
+            sys.exit(f"error: --{name.replace('_', '-')} {getattr(args, name)} is too small")
+    if args.lr <= 0:
+        sys.exit(f"error: --lr must be positive, got {args.lr}")
+    num_samplers = int(os.environ.get("DGL_NUM_SAMPLER", "0"))
+    if args.num_workers != num_samplers:
+        sys.exit(
+            f"error: --num-workers {args.num_workers} differs from the "
+            f"launcher's sampler count DGL_NUM_SAMPLER={num_samplers}"
+        )
+    config = read_json(args.part_config, "--part-config")
+    if "num_parts" not in config or "graph_name" not in config:
+        sys.exit(f"error: --part-config {args.part_config} is not a DGL partition config")
+    num_machines = count_machines(args.ip_config)
+    if config["num_parts"] != num_machines:
+        sys.exit(
+            f"error: --part-config has {config['num_parts']} partitions but "
+            f"--ip-config {args.ip_config} lists {num_machines} machines"
+        )
+    if args.use_graphbolt and "part_graph_graphbolt" not in config["part-0"]:
+        sys.exit(
+            f"error: --use-graphbolt needs partitions written with "
+            f"partition_graph.py --use-graphbolt; {args.part_config} has none"
+        )
+    args.graph_name = config["graph_name"]
+    info_path = os.path.join(os.path.dirname(args.part_config), DATASET_INFO_FILE)
+    return int(read_json(info_path, "dataset info")["num_classes"])
+
+
+def main():
+    args = parse_args()
+    num_classes = validate_args(args)
+    if args.dump_seeds:
+        os.makedirs(args.dump_seeds, exist_ok=True)
+    # Servers never return from here; trainers connect to every server.
+    dgl.distributed.initialize(args.ip_config, use_graphbolt=args.use_graphbolt)
+    failed = False
+    try:
+        run(args, num_classes)
+    except BaseException:
+        traceback.print_exc()
+        failed = True
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if failed:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Skip DGL's exit hook: it waits at a barrier for the other trainers,
+        # which would hang this failed one instead of failing the job.
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    main()
