@@ -1,0 +1,436 @@
+"""Write a node-classification graph in GraphBolt's OnDiskDataset format.
+
+This module is the only place that writes the format; `convert_to_ondisk.py`
+and `make_synthetic_dataset.py` are thin command lines around it.
+
+    write_ondisk_dataset(out_dir, edges, features, labels, train, val, test)
+    |- validate_inputs      every check, before anything touches the disk
+    |- print_warnings       isolated nodes, classes missing from the train set
+    `- _write_atomically    temp dir next to out_dir, then rename into place
+
+Layout written (all node ids int64, features float32, labels int64):
+
+    out_dir/metadata.yaml
+    out_dir/edges.npy                 shape (2, E): row 0 = src, row 1 = dst
+    out_dir/node_feat.npy             shape (N, F), node feature "feat"
+    out_dir/node_label.npy            shape (N,),   node feature "label"
+    out_dir/{train,valid,test}_seed_nodes.npy and _labels.npy
+
+Load it with `gb.OnDiskDataset(out_dir).load()`. GraphBolt then adds a
+`preprocessed/` folder inside out_dir on first load; that is expected.
+
+Every problem with the inputs raises DatasetError with one line that names
+the input, the problem and an example bad value. Only vectorised numpy is
+used, so 2M nodes / 20M edges convert in seconds.
+"""
+
+import os
+import secrets
+import shutil
+import sys
+
+import numpy as np
+import yaml
+
+# GraphBolt's preprocessing rewrites paths with .replace("pt", "npy"), so no
+# file name here may contain "pt".
+EDGES_FILE = "edges.npy"
+FEAT_FILE = "node_feat.npy"
+LABEL_FILE = "node_label.npy"
+SPLIT_PREFIXES = {"train": "train", "validation": "valid", "test": "test"}
+
+# Blocks of this many elements bound the temporary memory of checks and casts.
+BLOCK_ELEMENTS = 1 << 22
+
+
+class DatasetError(ValueError):
+    """An input cannot become a valid dataset; str(err) is one line."""
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def split_nodes(num_nodes, fractions=(0.6, 0.2, 0.2), seed=0):
+    """Randomly split range(num_nodes) into sorted (train, val, test) ids.
+
+    Fractions that sum to less than 1 leave the remaining nodes unused.
+    """
+    fractions = check_fractions(fractions)
+    perm = np.random.default_rng(seed).permutation(num_nodes)
+    # Cumulative bounds, so fractions summing to 1 use every node exactly.
+    bounds = np.floor(np.cumsum(fractions) * num_nodes + 1e-9).astype(np.int64)
+    bounds = np.minimum(bounds, num_nodes)
+    train, val, test = np.split(perm[: bounds[2]], bounds[:2])
+    return np.sort(train), np.sort(val), np.sort(test)
+
+
+def check_fractions(fractions):
+    """Return three split fractions as floats, or raise DatasetError."""
+    values = tuple(float(f) for f in fractions)
+    if len(values) != 3:
+        raise DatasetError(f"split: expected 3 fractions (train,val,test), got {len(values)}")
+    if any(not np.isfinite(f) or f < 0 for f in values):
+        raise DatasetError(f"split: fractions must be >= 0, got {values}")
+    if sum(values) > 1 + 1e-9:
+        raise DatasetError(f"split: fractions sum to {sum(values):g} > 1: {values}")
+    return values
+
+
+def parse_fractions(text):
+    """Parse "0.6,0.2,0.2" into three checked fractions."""
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise DatasetError(f"split: expected three numbers like 0.6,0.2,0.2, got {text!r}") from None
+    return check_fractions(values)
+
+
+def drop_self_loops(edges):
+    """Return the (2, E) edges without src == dst edges."""
+    return edges[:, edges[0] != edges[1]]
+
+
+def add_reverse_edges(edges):
+    """Return edges plus their reverses, each directed edge exactly once.
+
+    Duplicates are dropped (also ones already in the input), so a graph that
+    was already symmetric is not doubled. The result is sorted by (src, dst).
+    """
+    both = np.concatenate([edges, edges[::-1]], axis=1).astype(np.int64, copy=False)
+    if both.shape[1] == 0:
+        return both
+    # Pack each pair into one int64 key: np.unique on keys is a plain sort.
+    low = int(both.min())
+    span = int(both.max()) - low + 1
+    if span > 3_000_000_000:  # span**2 would overflow int64
+        return np.unique(both, axis=1)
+    keys = np.unique((both[0] - low) * span + (both[1] - low))
+    return np.stack([keys // span + low, keys % span + low])
+
+
+# ------------------------------------------------------------- validation
+
+
+def _first(mask):
+    """Index of the first True in a boolean array."""
+    return int(np.flatnonzero(mask)[0])
+
+
+def _check_id_range(ids, num_nodes, where, what, nodes_from):
+    """Raise if any id is outside [0, num_nodes); `what` names one position."""
+    if ids.size == 0:
+        return
+    low, high = ids.min(), ids.max()
+    if low >= 0 and high < num_nodes:
+        return
+    pos = _first((ids < 0) | (ids >= num_nodes))
+    raise DatasetError(
+        f"{where}: node id {ids[pos]} out of range [0, {num_nodes}) given by "
+        f"the {num_nodes} rows of {nodes_from} ({what} {pos})"
+    )
+
+
+def check_edges(edges, num_nodes, names):
+    """Edges must be an integer (2, E) array of ids below num_nodes."""
+    where = names["edges"]
+    edges = np.asanyarray(edges)
+    if edges.ndim != 2 or edges.shape[0] != 2:
+        raise DatasetError(f"{where}: expected shape (2, E) (src row, dst row), got {edges.shape}")
+    if not np.issubdtype(edges.dtype, np.integer):
+        raise DatasetError(f"{where}: expected integer node ids, got dtype {edges.dtype}")
+    if edges.shape[1] == 0:
+        raise DatasetError(f"{where}: no edges")
+    for row in edges:
+        _check_id_range(row, num_nodes, where, "edge", names["features"])
+
+
+def check_features(features, names):
+    """Features must be a finite floating point (N, F) array with N > 0."""
+    where = names["features"]
+    features = np.asanyarray(features)
+    if features.ndim != 2 or features.shape[0] == 0 or features.shape[1] == 0:
+        raise DatasetError(f"{where}: expected a 2-D array (nodes, features), got shape {features.shape}")
+    if not np.issubdtype(features.dtype, np.floating):
+        raise DatasetError(f"{where}: expected floating point features, got dtype {features.dtype}")
+    rows = max(1, BLOCK_ELEMENTS // features.shape[1])
+    for start in range(0, features.shape[0], rows):
+        bad = ~np.isfinite(features[start : start + rows])
+        if bad.any():
+            row, col = np.argwhere(bad)[0]
+            value = features[start + row, col]
+            raise DatasetError(f"{where}: non-finite value {value} at row {start + row}, column {col}")
+
+
+def check_labels(labels, num_nodes, num_classes, names):
+    """Labels must be N non-negative integers below num_classes; returns C."""
+    where = names["labels"]
+    labels = np.asanyarray(labels)
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise DatasetError(
+            f"{where}: expected a 1-D integer array, got dtype {labels.dtype} shape {labels.shape}"
+        )
+    if labels.shape[0] != num_nodes:
+        raise DatasetError(
+            f"{where}: {labels.shape[0]} labels but {num_nodes} nodes (rows of {names['features']})"
+        )
+    if labels.min() < 0:
+        pos = _first(labels < 0)
+        raise DatasetError(f"{where}: negative label {labels[pos]} (node {pos})")
+    if num_classes is None:
+        return int(labels.max()) + 1
+    if isinstance(num_classes, bool) or int(num_classes) != num_classes or num_classes < 1:
+        raise DatasetError(f"num_classes: expected a positive integer, got {num_classes!r}")
+    if labels.max() >= num_classes:
+        pos = _first(labels >= num_classes)
+        raise DatasetError(
+            f"{where}: label {labels[pos]} >= num_classes {num_classes} (node {pos})"
+        )
+    return int(num_classes)
+
+
+def check_splits(splits, num_nodes, names):
+    """Split ids: 1-D integers, in range, no repeats, disjoint, train non-empty."""
+    owner = np.zeros(num_nodes, dtype=np.int8)  # 0 = unused, k = k-th split
+    for k, (split, ids) in enumerate(splits.items(), start=1):
+        where = names[split]
+        ids = np.asanyarray(ids)
+        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+            raise DatasetError(
+                f"{where}: expected a 1-D integer array of node ids, got dtype {ids.dtype} shape {ids.shape}"
+            )
+        if split == "train" and ids.size == 0:
+            raise DatasetError(f"{where}: the train set is empty")
+        _check_id_range(ids, num_nodes, where, "position", names["features"])
+        ids = ids.astype(np.int64, copy=False)  # bincount refuses uint64
+        counts = np.bincount(ids, minlength=num_nodes)
+        if counts.max(initial=0) > 1:
+            node = int(counts.argmax())
+            raise DatasetError(f"{where}: node {node} appears {counts[node]} times in the {split} set")
+        taken = owner[ids] != 0
+        if taken.any():
+            node = int(ids[_first(taken)])
+            other = list(splits)[owner[node] - 1]
+            raise DatasetError(f"{where}: node {node} is in both the {other} and the {split} set")
+        owner[ids] = k
+
+
+def display_names(given=None):
+    """Display name per input: a file name when the caller knows it."""
+    names = {
+        "edges": "edges",
+        "features": "features",
+        "labels": "labels",
+        "train": "train_idx",
+        "validation": "val_idx",
+        "test": "test_idx",
+    }
+    names.update(given or {})
+    return names
+
+
+def validate_inputs(edges, features, labels, splits, num_classes, names):
+    """Run every check; return num_classes (given or labels.max() + 1)."""
+    check_features(features, names)
+    num_nodes = features.shape[0]
+    check_edges(edges, num_nodes, names)
+    num_classes = check_labels(labels, num_nodes, num_classes, names)
+    check_splits(splits, num_nodes, names)
+    return num_classes
+
+
+# --------------------------------------------------------------- warnings
+
+
+def find_warnings(edges, labels, train_idx, num_nodes, num_classes):
+    """One-line warnings about legal but suspicious inputs."""
+    warnings = []
+    touched = np.zeros(num_nodes, dtype=bool)
+    touched[edges[0]] = True
+    touched[edges[1]] = True
+    isolated = np.flatnonzero(~touched)
+    if isolated.size:
+        warnings.append(
+            f"{isolated.size} of {num_nodes} nodes have no edges (isolated), e.g. node {isolated[0]}"
+        )
+    per_class = np.bincount(np.asarray(labels)[train_idx], minlength=num_classes)
+    absent = np.flatnonzero(per_class == 0)
+    if absent.size:
+        shown = ", ".join(str(c) for c in absent[:10]) + (", ..." if absent.size > 10 else "")
+        warnings.append(f"{absent.size} of {num_classes} classes have no train nodes: {shown}")
+    return warnings
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _blocks(array):
+    """Yield C-order blocks of a 1-D or 2-D array without a full copy."""
+    if array.ndim == 1 or array.shape[0] <= 16:
+        # Few long rows, like (2, E) edges: cut each row into slices.
+        for row in array.reshape(-1, array.shape[-1]) if array.ndim == 2 else [array]:
+            for start in range(0, row.shape[0], BLOCK_ELEMENTS):
+                yield row[start : start + BLOCK_ELEMENTS]
+    else:
+        rows = max(1, BLOCK_ELEMENTS // array.shape[1])
+        for start in range(0, array.shape[0], rows):
+            yield array[start : start + rows]
+
+
+def save_npy(path, array, dtype):
+    """np.save(path, array.astype(dtype)) in blocks, to keep memory flat.
+
+    Casting, transposed views and memory-mapped inputs are handled one block
+    at a time instead of materialising a converted copy of the whole array.
+    """
+    array = np.asanyarray(array)
+    header = {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+        "fortran_order": False,
+        "shape": array.shape,
+    }
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        for block in _blocks(array):
+            np.ascontiguousarray(block, dtype=dtype).tofile(f)
+
+
+def _metadata(name, num_nodes, num_classes, has_splits):
+    """The metadata.yaml content for a homogeneous node-classification graph."""
+
+    def numpy_item(item_name, path):
+        return {"name": item_name, "format": "numpy", "in_memory": True, "path": path}
+
+    def node_feature(feat_name, path):
+        return {"domain": "node", "name": feat_name, "format": "numpy", "in_memory": True, "path": path}
+
+    task = {"name": "node_classification", "num_classes": num_classes}
+    for split in has_splits:
+        prefix = SPLIT_PREFIXES[split]
+        task[f"{split}_set"] = [
+            {
+                "data": [
+                    # "seed_nodes" is the item name dgl 2.1's MiniBatch expects.
+                    numpy_item("seed_nodes", f"{prefix}_seed_nodes.npy"),
+                    numpy_item("labels", f"{prefix}_labels.npy"),
+                ]
+            }
+        ]
+    return {
+        "dataset_name": name,
+        "graph": {
+            "nodes": [{"num": int(num_nodes)}],
+            "edges": [{"format": "numpy", "path": EDGES_FILE}],
+        },
+        "feature_data": [node_feature("feat", FEAT_FILE), node_feature("label", LABEL_FILE)],
+        "tasks": [task],
+    }
+
+
+def _write_files(directory, edges, features, labels, splits, metadata):
+    """Write every file of the dataset into an existing empty directory."""
+    save_npy(os.path.join(directory, EDGES_FILE), edges, np.int64)
+    save_npy(os.path.join(directory, FEAT_FILE), features, np.float32)
+    save_npy(os.path.join(directory, LABEL_FILE), labels, np.int64)
+    for split, ids in splits.items():
+        prefix = SPLIT_PREFIXES[split]
+        ids = np.asarray(ids, dtype=np.int64)
+        save_npy(os.path.join(directory, f"{prefix}_seed_nodes.npy"), ids, np.int64)
+        save_npy(os.path.join(directory, f"{prefix}_labels.npy"), np.asarray(labels)[ids], np.int64)
+    # metadata.yaml last: a directory with it is a complete dataset.
+    with open(os.path.join(directory, "metadata.yaml"), "w") as f:
+        yaml.safe_dump(metadata, f, sort_keys=False)
+
+
+def _refuse_existing(out_dir, force):
+    if os.path.lexists(out_dir) and not force:
+        raise DatasetError(f"{out_dir}: already exists; use --force (force=True) to replace it")
+
+
+def _make_sibling_dir(parent, prefix):
+    """Create a fresh uniquely named directory; unlike mkdtemp it honours umask."""
+    while True:
+        path = os.path.join(parent, prefix + secrets.token_hex(4))
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            continue
+
+
+def _write_atomically(out_dir, force, write):
+    """Call write(tmp_dir), then move tmp_dir to out_dir in one rename.
+
+    The temp dir sits next to out_dir (same file system, so rename is
+    atomic). An old out_dir is renamed away first and deleted only after the
+    new one is in place; on any failure the old one is put back.
+    """
+    out_dir = os.path.abspath(out_dir)
+    parent, base = os.path.split(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp_dir = _make_sibling_dir(parent, f".{base}.tmp-")
+    old_dir = None
+    try:
+        write(tmp_dir)
+        _refuse_existing(out_dir, force)  # again: it may have appeared meanwhile
+        if os.path.lexists(out_dir):
+            old_dir = _make_sibling_dir(parent, f".{base}.old-")
+            os.rename(out_dir, os.path.join(old_dir, base))
+        try:
+            os.rename(tmp_dir, out_dir)
+        except OSError as err:
+            if old_dir is not None:
+                os.rename(os.path.join(old_dir, base), out_dir)
+            raise DatasetError(f"{out_dir}: cannot move the new dataset into place: {err}") from None
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        if old_dir is not None:
+            shutil.rmtree(old_dir, ignore_errors=True)
+
+
+def write_ondisk_dataset(
+    out_dir,
+    edges,
+    features,
+    labels,
+    train_idx,
+    val_idx,
+    test_idx,
+    num_classes=None,
+    name=None,
+    force=False,
+    input_names=None,
+):
+    """Validate the arrays and write them as a GraphBolt OnDiskDataset.
+
+    edges: int (2, E), row 0 source ids, row 1 destination ids.
+    features: float (N, F); N defines the number of nodes.
+    labels: int (N,); num_classes defaults to labels.max() + 1.
+    train_idx, val_idx, test_idx: int node ids, disjoint, train non-empty.
+    input_names: optional {"edges": "my_edges.csv", ...} used in messages
+        (keys: edges, features, labels, train, validation, test).
+    Returns a summary dict. Raises DatasetError; never leaves out_dir half
+    written, and never touches the disk when validation fails.
+    """
+    names = display_names(input_names)
+    edges, features, labels = (np.asanyarray(a) for a in (edges, features, labels))
+    splits = {"train": train_idx, "validation": val_idx, "test": test_idx}
+    _refuse_existing(out_dir, force)  # fail before the slow checks
+    num_classes = validate_inputs(edges, features, labels, splits, num_classes, names)
+    num_nodes = features.shape[0]
+    warnings = find_warnings(edges, labels, train_idx, num_nodes, num_classes)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    name = name or os.path.basename(os.path.abspath(out_dir))
+    metadata = _metadata(name, num_nodes, num_classes, splits)
+    _write_atomically(
+        out_dir, force, lambda tmp: _write_files(tmp, edges, features, labels, splits, metadata)
+    )
+    return {
+        "out_dir": out_dir,
+        "num_nodes": int(num_nodes),
+        "num_edges": int(edges.shape[1]),
+        "feat_dim": int(features.shape[1]),
+        "num_classes": num_classes,
+        "split_sizes": {split: int(len(ids)) for split, ids in splits.items()},
+        "warnings": warnings,
+    }
