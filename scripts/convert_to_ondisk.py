@@ -1,0 +1,231 @@
+"""Convert your own graph (numpy / CSV files) into a GraphBolt OnDiskDataset.
+
+    python scripts/convert_to_ondisk.py datasets/mygraph \\
+        --edges edges.csv --features feat.npy --labels labels.npy
+    python scripts/convert_to_ondisk.py datasets/mygraph --edges edges.npy \\
+        --features feat.npy --labels labels.npy \\
+        --train-idx train.npy --val-idx val.npy --test-idx test.npy \\
+        --add-reverse-edges --drop-self-loops --force
+    python node_classification.py --dataset datasets/mygraph
+
+Inputs:
+  --edges      .npy of shape (2, E) or (E, 2) (a (2, 2) array is read as
+               (2, E)), or a two-column CSV "src,dst" (comma, tab or space
+               separated) with an optional header line. Node ids start at 0.
+  --features   .npy float array (N, F); N is the number of nodes.
+  --labels     .npy integer array (N,), classes 0 .. C-1.
+  --train-idx --val-idx --test-idx   .npy node id arrays (all three), or
+  --split      random train,val,test fractions (default 0.6,0.2,0.2).
+
+Exit status: 0 on success, 2 on any error (bad arguments or bad data). Data
+errors print one line "error: <message>" to stderr and create nothing.
+"""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ondisk  # noqa: E402  (needs the path above when run as a script)
+
+NPY_MAGIC = b"\x93NUMPY"
+ERROR_EXIT = 2  # the same status argparse uses for usage errors
+
+
+# ------------------------------------------------------------------ reading
+
+
+def load_npy(path):
+    """Load a .npy file, memory-mapped so big inputs are not copied."""
+    try:
+        try:
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError:
+            array = np.load(path, allow_pickle=False)  # e.g. empty arrays cannot be mapped
+    except FileNotFoundError:
+        raise ondisk.DatasetError(f"{path}: no such file") from None
+    except (OSError, ValueError, EOFError) as err:
+        raise ondisk.DatasetError(f"{path}: cannot read as a .npy array: {_one_line(err)}") from None
+    if not isinstance(array, np.ndarray):
+        raise ondisk.DatasetError(f"{path}: expected a single .npy array, not an .npz archive")
+    return array
+
+
+def _one_line(err):
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+def _is_npy(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(NPY_MAGIC)) == NPY_MAGIC
+    except FileNotFoundError:
+        raise ondisk.DatasetError(f"{path}: no such file") from None
+    except OSError as err:
+        raise ondisk.DatasetError(f"{path}: cannot read: {_one_line(err)}") from None
+
+
+def _is_number(text):
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _csv_layout(path):
+    """(separator, has_header) from the first line of an edge CSV."""
+    try:
+        with open(path) as f:
+            first = f.readline().strip()
+    except UnicodeDecodeError:
+        raise ondisk.DatasetError(f"{path}: neither a .npy file nor a text CSV") from None
+    if not first:
+        raise ondisk.DatasetError(f"{path}: empty first line, expected src,dst lines")
+    sep = "," if "," in first else ("\t" if "\t" in first else r"\s+")
+    fields = first.split(",") if sep == "," else first.split()
+    # A header is a first line that is not numbers, like "src,dst".
+    has_header = not all(_is_number(field.strip()) for field in fields)
+    return sep, has_header
+
+
+def _first_bad_csv_line(pd, path, sep, skip):
+    """Slow path, only after a failure: describe the first non-integer row."""
+    frame = pd.read_csv(path, sep=sep, header=None, skiprows=skip, dtype=str, keep_default_na=False)
+    if frame.shape[1] != 2:
+        return f"expected 2 columns (src, dst), got {frame.shape[1]}"
+    is_int = frame.apply(lambda col: col.str.strip().str.fullmatch(r"-?\d+"))
+    row = int(np.flatnonzero(~is_int.all(axis=1).to_numpy())[0])
+    return f"line {row + 1 + skip}: expected two integer node ids, got {','.join(frame.iloc[row])!r}"
+
+
+def load_edges_csv(path):
+    """Read a two-column integer CSV into a (2, E) int64 array."""
+    import pandas as pd  # only CSV input needs it
+
+    sep, has_header = _csv_layout(path)
+    skip = int(has_header)
+    try:
+        frame = pd.read_csv(path, sep=sep, header=None, skiprows=skip, dtype=np.int64)
+    except pd.errors.EmptyDataError:
+        raise ondisk.DatasetError(f"{path}: no edges") from None
+    except pd.errors.ParserError as err:
+        raise ondisk.DatasetError(f"{path}: cannot parse as CSV: {_one_line(err)}") from None
+    except UnicodeDecodeError as err:
+        raise ondisk.DatasetError(f"{path}: not a text file: {_one_line(err)}") from None
+    except (ValueError, TypeError, OverflowError):
+        raise ondisk.DatasetError(f"{path}: {_first_bad_csv_line(pd, path, sep, skip)}") from None
+    if frame.shape[1] != 2:
+        raise ondisk.DatasetError(f"{path}: expected 2 columns (src, dst), got {frame.shape[1]}")
+    return frame.to_numpy().T
+
+
+def load_edges(path):
+    """Edges from .npy ((2, E) or (E, 2)) or CSV, as a (2, E) array."""
+    if not _is_npy(path):
+        return load_edges_csv(path)
+    edges = load_npy(path)
+    if edges.ndim == 2 and edges.shape[0] == 2:
+        return edges
+    if edges.ndim == 2 and edges.shape[1] == 2:
+        return edges.T  # a view; the writer transposes block by block
+    raise ondisk.DatasetError(f"{path}: expected edges of shape (2, E) or (E, 2), got {edges.shape}")
+
+
+# ------------------------------------------------------------ the command
+
+
+def fractions(text):
+    """argparse type for --split."""
+    try:
+        return ondisk.parse_fractions(text)
+    except ondisk.DatasetError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        epilog="Exit status: 0 on success, 2 on any error.",
+    )
+    parser.add_argument("out_dir", help="dataset directory to create")
+    parser.add_argument("--edges", required=True, help="edges .npy (2,E)/(E,2) or two-column CSV")
+    parser.add_argument("--features", required=True, help="node features .npy, float (N, F)")
+    parser.add_argument("--labels", required=True, help="node labels .npy, int (N,)")
+    parser.add_argument("--train-idx", help="train node ids .npy")
+    parser.add_argument("--val-idx", help="validation node ids .npy")
+    parser.add_argument("--test-idx", help="test node ids .npy")
+    parser.add_argument("--split", type=fractions, help="random train,val,test fractions (default 0.6,0.2,0.2)")
+    parser.add_argument("--num-classes", type=int, help="number of classes (default: max label + 1)")
+    parser.add_argument("--add-reverse-edges", action="store_true", help="make every edge go both ways")
+    parser.add_argument("--drop-self-loops", action="store_true", help="remove src == dst edges")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random --split")
+    parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
+    args = parser.parse_args(argv)
+    idx_files = [args.train_idx, args.val_idx, args.test_idx]
+    if any(idx_files) and not all(idx_files):
+        parser.error("give all three of --train-idx, --val-idx, --test-idx, or none (then --split is used)")
+    if all(idx_files) and args.split is not None:
+        parser.error("give either the three index files or --split, not both")
+    if not any(idx_files) and args.split is None:
+        args.split = (0.6, 0.2, 0.2)
+    return args
+
+
+def load_splits(args, num_nodes):
+    """(train, val, test) node ids: from the index files or a random split."""
+    if args.split is None:
+        return tuple(load_npy(path) for path in (args.train_idx, args.val_idx, args.test_idx))
+    return ondisk.split_nodes(num_nodes, args.split, seed=args.seed)
+
+
+def convert(args):
+    """Read, transform and write; returns the writer's summary."""
+    names = {"edges": args.edges, "features": args.features, "labels": args.labels}
+    if args.split is None:
+        names.update(train=args.train_idx, validation=args.val_idx, test=args.test_idx)
+    else:
+        names.update(train="--split (train)", validation="--split (val)", test="--split (test)")
+    names = ondisk.display_names(names)
+    if os.path.lexists(args.out_dir) and not args.force:  # before reading big files
+        raise ondisk.DatasetError(f"{args.out_dir}: already exists; use --force to replace it")
+    features = load_npy(args.features)
+    labels = load_npy(args.labels)
+    edges = load_edges(args.edges)
+    if args.add_reverse_edges or args.drop_self_loops:
+        # The transforms need valid ids; the writer checks everything again.
+        ondisk.check_features(features, names)
+        ondisk.check_edges(edges, features.shape[0], names)
+        if args.drop_self_loops:
+            edges = ondisk.drop_self_loops(edges)
+        if args.add_reverse_edges:
+            edges = ondisk.add_reverse_edges(edges)
+    train, val, test = load_splits(args, features.shape[0] if features.ndim else 0)
+    return ondisk.write_ondisk_dataset(
+        args.out_dir, edges, features, labels, train, val, test,
+        num_classes=args.num_classes, force=args.force, input_names=names,
+    )
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        summary = convert(args)
+    except ondisk.DatasetError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return ERROR_EXIT
+    sizes = summary["split_sizes"]
+    print(
+        f"wrote {args.out_dir}: {summary['num_nodes']} nodes, {summary['num_edges']} edges, "
+        f"{summary['feat_dim']} features, {summary['num_classes']} classes, "
+        f"train/val/test {sizes['train']}/{sizes['validation']}/{sizes['test']}"
+    )
+    print(f"train with: python node_classification.py --dataset {args.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

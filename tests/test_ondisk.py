@@ -1,0 +1,350 @@
+"""Tests of the dataset tools: scripts/ondisk.py and its two command lines.
+
+The command lines run as subprocesses, exactly as a user runs them; the
+written directory is loaded back with gb.OnDiskDataset and compared with the
+inputs.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+CONVERT = SCRIPTS / "convert_to_ondisk.py"
+SYNTHETIC = SCRIPTS / "make_synthetic_dataset.py"
+NUM_NODES = 40
+
+sys.path.insert(0, str(SCRIPTS))
+import ondisk  # noqa: E402
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def run(script, *args, cwd=None):
+    return subprocess.run(
+        [sys.executable, str(script), *map(str, args)],
+        capture_output=True, text=True, cwd=cwd, timeout=120,
+    )
+
+
+def make_inputs(directory, num_nodes=NUM_NODES, seed=0):
+    """Small valid input files; returns {name: path} and the arrays."""
+    rng = np.random.default_rng(seed)
+    arrays = {
+        "features": rng.normal(size=(num_nodes, 3)),
+        "labels": np.r_[0:4, rng.integers(0, 4, num_nodes - 4)],  # all classes in train
+        # Every node has an edge; plus a self-loop and a duplicate edge.
+        "edges": np.concatenate(
+            [np.stack([np.arange(num_nodes), (np.arange(num_nodes) + 1) % num_nodes]),
+             [[5, 7], [5, 3]], [[7, 3], [7, 3]]], axis=1),
+        "train": np.arange(0, 24),
+        "val": np.arange(24, 32),
+        "test": np.arange(32, 40),
+    }
+    paths = {}
+    for name, array in arrays.items():
+        paths[name] = Path(directory) / f"{name}.npy"
+        np.save(paths[name], array)
+    return paths, arrays
+
+
+def convert_args(paths, with_idx=True):
+    args = ["--edges", paths["edges"], "--features", paths["features"], "--labels", paths["labels"]]
+    if with_idx:
+        args += ["--train-idx", paths["train"], "--val-idx", paths["val"], "--test-idx", paths["test"]]
+    return args
+
+
+def load(directory):
+    import dgl.graphbolt as gb
+
+    return gb.OnDiskDataset(str(directory)).load()
+
+
+def graph_edge_set(graph):
+    """{(src, dst)} of a FusedCSCSamplingGraph, from its CSC arrays."""
+    indptr = graph.csc_indptr.numpy()
+    dst = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+    return set(zip(graph.indices.numpy().tolist(), dst.tolist()))
+
+
+def pair_set(edges):
+    return set(zip(np.asarray(edges[0]).tolist(), np.asarray(edges[1]).tolist()))
+
+
+def itemset_arrays(itemset):
+    """(node ids, labels) of a GraphBolt ItemSet of (seed_node, label)."""
+    pairs = [(int(node), int(label)) for node, label in itemset]
+    return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+
+
+def leftovers(parent):
+    """Temp or backup dirs the writer may have left in parent."""
+    return [p.name for p in Path(parent).iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+
+
+# --------------------------------------------------------------- round trip
+
+
+@pytest.mark.parametrize("flags", [[], ["--drop-self-loops"], ["--add-reverse-edges", "--drop-self-loops"]])
+def test_round_trip(tmp_path, flags):
+    paths, arrays = make_inputs(tmp_path)
+    out = tmp_path / "out"
+    result = run(CONVERT, out, *convert_args(paths), *flags)
+    assert result.returncode == 0, result.stderr
+    assert f"--dataset {out}" in result.stdout
+
+    expected = pair_set(arrays["edges"])
+    if "--drop-self-loops" in flags:
+        expected = {(s, d) for s, d in expected if s != d}
+    if "--add-reverse-edges" in flags:
+        expected |= {(d, s) for s, d in expected}
+    dataset = load(out)
+    assert graph_edge_set(dataset.graph) == expected
+    assert dataset.graph.total_num_nodes == NUM_NODES
+
+    feat = dataset.feature.read("node", None, "feat").numpy()
+    np.testing.assert_allclose(feat, arrays["features"].astype(np.float32))
+    assert tuple(dataset.feature.size("node", None, "feat")) == (3,)
+    label_feat = dataset.feature.read("node", None, "label").numpy().reshape(-1)
+    np.testing.assert_array_equal(label_feat, arrays["labels"])
+
+    task = dataset.tasks[0]
+    assert task.metadata["num_classes"] == 4
+    for itemset, name in [(task.train_set, "train"), (task.validation_set, "val"), (task.test_set, "test")]:
+        assert itemset.names == ("seed_nodes", "labels") and len(itemset) == len(arrays[name])
+        nodes, labels = itemset_arrays(itemset)
+        np.testing.assert_array_equal(nodes, arrays[name])
+        np.testing.assert_array_equal(labels, arrays["labels"][arrays[name]])
+
+
+@pytest.mark.parametrize("layout", ["csv_header", "csv_plain", "tsv_plain", "npy_E_by_2", "npy_2_by_2"])
+def test_edge_file_layouts(tmp_path, layout):
+    paths, arrays = make_inputs(tmp_path)
+    edges = arrays["edges"] if layout != "npy_2_by_2" else np.array([[1, 2], [3, 4]])
+    if layout.startswith(("csv", "tsv")):
+        edge_path = tmp_path / "edges.txt"
+        header = "src,dst" if layout == "csv_header" else ""
+        sep = "\t" if layout == "tsv_plain" else ","
+        np.savetxt(edge_path, edges.T, fmt="%d", delimiter=sep, header=header, comments="")
+    else:
+        edge_path = tmp_path / "edges_layout.npy"
+        np.save(edge_path, edges.T if layout == "npy_E_by_2" else edges)  # (2, 2) means (2, E)
+    paths["edges"] = edge_path
+    out = tmp_path / "out"
+    result = run(CONVERT, out, *convert_args(paths))
+    assert result.returncode == 0, result.stderr
+    written = np.load(out / "edges.npy")
+    assert written.dtype == np.int64
+    np.testing.assert_array_equal(written, edges)
+
+
+def test_random_split_covers_all_nodes_once(tmp_path):
+    paths, arrays = make_inputs(tmp_path)
+    out = tmp_path / "out"
+    result = run(CONVERT, out, *convert_args(paths, with_idx=False), "--split", "0.5,0.25,0.25")
+    assert result.returncode == 0, result.stderr
+    ids = [np.load(out / f"{p}_seed_nodes.npy") for p in ("train", "valid", "test")]
+    assert [len(i) for i in ids] == [20, 10, 10]
+    np.testing.assert_array_equal(np.sort(np.concatenate(ids)), np.arange(NUM_NODES))
+    np.testing.assert_array_equal(np.load(out / "train_labels.npy"), arrays["labels"][ids[0]])
+
+
+# --------------------------------------------------------------- bad inputs
+
+
+def _save(name, array):
+    """Mutation: replace one input file with this array."""
+    return lambda paths, tmp: np.save(paths[name], array)
+
+
+def _write_bytes(name, data):
+    return lambda paths, tmp: paths[name].write_bytes(data)
+
+
+N = NUM_NODES
+BAD_INPUTS = {
+    # case: (mutation, extra args, (input named in message, problem words))
+    "edge_id_too_large": (_save("edges", np.array([[0, 1], [2, N + 5]])), [], ("edges.npy", f"node id {N + 5} out of range")),
+    "edge_id_negative": (_save("edges", np.array([[0, -1], [2, 3]])), [], ("edges.npy", "node id -1 out of range")),
+    "edges_wrong_shape": (_save("edges", np.zeros((3, 5), dtype=np.int64)), [], ("edges.npy", "(2, E) or (E, 2)")),
+    "edges_float": (_save("edges", np.zeros((2, 5))), [], ("edges.npy", "integer")),
+    "edges_empty": (_save("edges", np.zeros((2, 0), dtype=np.int64)), [], ("edges.npy", "no edges")),
+    "features_1d": (_save("features", np.zeros(N)), [], ("features.npy", "2-D")),
+    "features_int": (_save("features", np.zeros((N, 3), dtype=np.int64)), [], ("features.npy", "floating")),
+    "features_nan": (_save("features", np.where(np.arange(3 * N).reshape(N, 3) == 7, np.nan, 1.0)), [],
+                     ("features.npy", "nan at row 2, column 1")),
+    "features_inf": (_save("features", np.where(np.arange(3 * N).reshape(N, 3) == 5, np.inf, 1.0)), [],
+                     ("features.npy", "inf at row 1")),
+    "features_garbage": (_write_bytes("features", b"not a numpy file"), [], ("features.npy", "cannot read")),
+    "labels_2d": (_save("labels", np.zeros((N, 2), dtype=np.int64)), [], ("labels.npy", "1-D integer")),
+    "labels_float": (_save("labels", np.zeros(N)), [], ("labels.npy", "1-D integer")),
+    "labels_length": (_save("labels", np.zeros(N - 1, dtype=np.int64)), [], ("labels.npy", f"{N - 1} labels but {N} nodes")),
+    "labels_negative": (_save("labels", np.r_[np.zeros(N - 1, dtype=np.int64), -3]), [], ("labels.npy", "negative label -3")),
+    "labels_too_large": (None, ["--num-classes", "3"], ("labels.npy", "label 3 >= num_classes 3")),
+    "num_classes_zero": (None, ["--num-classes", "0"], ("num_classes", "positive integer")),
+    "train_out_of_range": (_save("train", np.array([0, N])), [], ("train.npy", f"node id {N} out of range")),
+    "train_empty": (_save("train", np.array([], dtype=np.int64)), [], ("train.npy", "empty")),
+    "train_float": (_save("train", np.array([0.0, 1.0])), [], ("train.npy", "integer")),
+    "val_duplicate": (_save("val", np.array([24, 25, 24])), [], ("val.npy", "node 24 appears 2 times")),
+    "test_overlaps_train": (_save("test", np.array([33, 3])), [], ("test.npy", "node 3 is in both the train")),
+    "missing_file": (lambda paths, tmp: paths["labels"].unlink(), [], ("labels.npy", "no such file")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_fails_cleanly(tmp_path, case):
+    mutate, extra, (input_name, problem) = BAD_INPUTS[case]
+    paths, _ = make_inputs(tmp_path)
+    if mutate:
+        mutate(paths, tmp_path)
+    parent = tmp_path / "datasets"
+    parent.mkdir()
+    out = parent / "out"
+    result = run(CONVERT, out, *convert_args(paths), *extra)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert input_name in lines[0] and problem in lines[0], lines[0]
+    assert not out.exists()
+    assert list(parent.iterdir()) == []  # no temp dirs either
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--split", "0.8,0.3,0.1"], "sum to 1.2 > 1"),
+        (["--split", "0.8,-0.1,0.1"], ">= 0"),
+        (["--split", "0.8,0.1"], "expected 3 fractions"),
+        (["--split", "a,b,c"], "three numbers"),
+        (["--split", "0,0.5,0.5"], "train set is empty"),
+        (["--train-idx", "x.npy"], "all three"),
+    ],
+)
+def test_bad_split_arguments(tmp_path, args, message):
+    paths, _ = make_inputs(tmp_path)
+    out = tmp_path / "out"
+    result = run(CONVERT, out, *convert_args(paths, with_idx=False), *args)
+    assert result.returncode == 2
+    assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_existing_dir_refused_then_replaced_with_force(tmp_path):
+    paths, _ = make_inputs(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("old")
+    refused = run(CONVERT, out, *convert_args(paths))
+    assert refused.returncode == 2 and "already exists" in refused.stderr
+    assert (out / "keep.txt").read_text() == "old"
+
+    replaced = run(CONVERT, out, *convert_args(paths), "--force")
+    assert replaced.returncode == 0, replaced.stderr
+    assert not (out / "keep.txt").exists() and (out / "metadata.yaml").exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_failed_write_leaves_old_dataset_untouched(tmp_path, monkeypatch):
+    """A crash mid-write (disk full, Ctrl-C) keeps the previous out_dir."""
+    _, arrays = make_inputs(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("old")
+    real_save = ondisk.save_npy
+
+    def save_then_fail(path, array, dtype):
+        real_save(path, array, dtype)
+        if str(path).endswith(ondisk.FEAT_FILE):
+            raise OSError("disk full")
+
+    monkeypatch.setattr(ondisk, "save_npy", save_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        ondisk.write_ondisk_dataset(
+            out, arrays["edges"], arrays["features"], arrays["labels"],
+            arrays["train"], arrays["val"], arrays["test"], force=True,
+        )
+    assert sorted(os.listdir(out)) == ["keep.txt"]
+    assert leftovers(tmp_path) == []
+
+
+# ------------------------------------------------------- warnings, helpers
+
+
+def test_warnings_for_isolated_nodes_and_absent_classes(tmp_path):
+    paths, arrays = make_inputs(tmp_path)
+    np.save(paths["edges"], np.array([[0, 1], [1, 2]]))  # nodes 3.. isolated
+    labels = arrays["labels"].copy()
+    labels[arrays["val"]] = 5  # class 5 only outside the train set
+    np.save(paths["labels"], labels)
+    result = run(CONVERT, tmp_path / "out", *convert_args(paths))
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 2, result.stderr
+    assert f"{NUM_NODES - 3} of {NUM_NODES} nodes have no edges" in warnings[0]
+    assert "2 of 6 classes have no train nodes: 4, 5" in warnings[1]
+
+
+def test_edge_transforms():
+    edges = np.array([[0, 1, 1, 2, 2], [1, 0, 1, 0, 0]])
+    assert pair_set(ondisk.drop_self_loops(edges)) == {(0, 1), (1, 0), (2, 0)}
+    both = ondisk.add_reverse_edges(edges)
+    assert both.shape == (2, 5)  # duplicates and already-reversed pairs once
+    assert pair_set(both) == {(0, 1), (1, 0), (1, 1), (2, 0), (0, 2)}
+
+
+def test_split_nodes():
+    train, val, test = ondisk.split_nodes(10, (0.5, 0.3, 0.2), seed=3)
+    assert (len(train), len(val), len(test)) == (5, 3, 2)
+    assert sorted(np.concatenate([train, val, test]).tolist()) == list(range(10))
+    partial = ondisk.split_nodes(10, (0.5, 0.1, 0.1), seed=3)
+    assert sum(len(ids) for ids in partial) == 7
+    with pytest.raises(ondisk.DatasetError, match="sum to"):
+        ondisk.split_nodes(10, (0.7, 0.2, 0.2))
+    with pytest.raises(ondisk.DatasetError, match=">= 0"):
+        ondisk.split_nodes(10, (1.1, -0.1, 0.0))
+
+
+# ---------------------------------------------------------------- synthetic
+
+
+def test_synthetic_is_deterministic_per_seed(tmp_path):
+    args = ["--num-nodes", "600", "--feat-dim", "8", "--avg-degree", "5"]
+    for name, seed in [("a", 0), ("b", 0), ("c", 1)]:
+        result = run(SYNTHETIC, tmp_path / name, *args, "--seed", seed, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+    assert "600 nodes" in result.stdout and "train/val/test 360/120/120" in result.stdout
+    files = sorted(os.listdir(tmp_path / "a"))
+    assert "edges.npy" in files and "metadata.yaml" in files
+    for name in files:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    for name in ["edges.npy", "node_feat.npy", "node_label.npy"]:
+        assert (tmp_path / "a" / name).read_bytes() != (tmp_path / "c" / name).read_bytes(), name
+
+
+def test_synthetic_edges_are_homophilous(tmp_path):
+    import make_synthetic_dataset as synthetic
+
+    edges, features, labels = synthetic.make_dataset(2000, 10, 16, 10, seed=0)
+    same = (labels[edges[0]] == labels[edges[1]]).mean()
+    assert 0.75 < same < 0.9  # 80% within class, plus 1/10 of the random rest
+    assert features.dtype == np.float32 and features.shape == (2000, 16)
+    assert abs(edges.shape[1] - 20000) < 100  # only self-loops dropped
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--num-nodes", "0"], "must be > 0"),
+    (["--split", "0.9,0.2,0"], "sum to"),
+    (["--num-classes", "1"], "at least 2"),
+])
+def test_synthetic_bad_arguments(tmp_path, args, message):
+    result = run(SYNTHETIC, tmp_path / "out", *args)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()
