@@ -41,6 +41,7 @@ import os
 import socket
 import sys
 import time
+import traceback
 
 # Without this, importing dgl warns that no backend is configured.
 os.environ.setdefault("DGLBACKEND", "pytorch")
@@ -298,6 +299,11 @@ def run(rank, plan, args, dataset):
         if dataset is None:
             dataset = load_dataset_in_turn(rank, plan, args)
         train_on_rank(rank, plan, args, dataset, device)
+    except Exception:
+        # Report every failing rank here: the launcher shows only one, often
+        # a peer's "connection closed" instead of the cause.
+        print(f"rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
+        raise
     finally:
         dist.destroy_process_group()
 
@@ -689,8 +695,10 @@ def main(argv=None):
             return
         if plan["notice"]:
             print(plan["notice"])
-        devices = "gpus" if plan["backend"] == "nccl" else "CPU processes"
-        print(f"Training with {plan['world_size']} {devices}.")
+        unit = "gpu" if plan["backend"] == "nccl" else "CPU process"
+        plural = "es" if unit.endswith("s") else "s"
+        world_size = plan["world_size"]
+        print(f"Training with {world_size} {unit}{plural * (world_size > 1)}.")
 
         # Load and preprocess dataset once, in the parent.
         dataset = load_dataset(args.dataset, args.data_root)
@@ -712,9 +720,12 @@ def main(argv=None):
             nprocs=plan["world_size"],
             join=True,
         )
-    except mp.ProcessException as error:
-        # mp.spawn has already stopped the other ranks.
-        sys.exit(f"error: rank {error.error_index} failed: {error}")
+    except mp.ProcessRaisedException as error:
+        # mp.spawn has already stopped the other ranks; each failed rank
+        # printed its traceback.
+        sys.exit("error: training failed; each failing rank's error is above")
+    except mp.ProcessExitedException as error:
+        sys.exit(f"error: training failed: {error}")
 
 
 if __name__ == "__main__":

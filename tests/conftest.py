@@ -1,0 +1,116 @@
+"""Shared helpers: the repository's paths, a cache of synthetic datasets made
+by scripts/make_synthetic_dataset.py, and a runner for node_classification.py.
+Everything runs on CPU ranks with the gloo backend."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "node_classification.py")
+SCRIPTS = os.path.join(REPO, "scripts")
+sys.path.insert(0, REPO)
+sys.path.insert(0, SCRIPTS)
+
+EPOCH_LINE = re.compile(
+    r"^Epoch (\d{5}) \| Average Loss (\d+\.\d{4}) \| "
+    r"Accuracy (\d+\.\d{4}) \| Time (\d+\.\d{4})( \|.*)?$",
+    re.MULTILINE,
+)
+TEST_LINE = re.compile(r"^Test Accuracy (\d+\.\d{4})$", re.MULTILINE)
+
+
+def make_synthetic(out_dir, *extra):
+    subprocess.run(
+        [sys.executable, os.path.join(SCRIPTS, "make_synthetic_dataset.py"),
+         str(out_dir), *map(str, extra)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return str(out_dir)
+
+
+@pytest.fixture(scope="session")
+def synthetic(tmp_path_factory):
+    """make(name, *args) -> path of a synthetic dataset, made once per name."""
+    made = {}
+
+    def make(name, *args):
+        if name not in made:
+            out = tmp_path_factory.mktemp("data") / name
+            made[name] = make_synthetic(out, *args)
+        return made[name]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def small_dataset(synthetic):
+    # 3,000 nodes with 10 classes: big enough to learn, small enough that a
+    # two-rank run takes seconds.
+    return synthetic(
+        "small", "--num-nodes", 3000, "--feat-dim", 32, "--num-classes", 10
+    )
+
+
+def run_example(args, timeout=120, env=None, script=SCRIPT):
+    """Runs node_classification.py to completion; returns CompletedProcess."""
+    return subprocess.run(
+        [sys.executable, script, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def epoch_lines(stdout):
+    return EPOCH_LINE.findall(stdout)
+
+
+def reported_test_accuracy(stdout):
+    found = TEST_LINE.findall(stdout)
+    assert len(found) == 1, f"expected one 'Test Accuracy' line in:\n{stdout}"
+    return float(found[0])
+
+
+
+def _gloo_worker(rank, world_size, port, fn, args, out_dir):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    # A short timeout turns any stuck rendezvous or collective into an error.
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}",
+        world_size=world_size, rank=rank,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        torch.save(fn(rank, *args), os.path.join(out_dir, f"{rank}.pt"))
+        # Rank 0 hosts the rendezvous store: nobody leaves before all are done.
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_gloo_group(fn, world_size, tmp_path, *args):
+    """Runs fn(rank, *args) in a real gloo process group of `world_size`
+    CPU processes; returns the list of their return values by rank."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from node_classification import free_port
+
+    mp.spawn(
+        _gloo_worker,
+        args=(world_size, free_port(), fn, args, str(tmp_path)),
+        nprocs=world_size,
+        join=True,
+    )
+    return [torch.load(tmp_path / f"{rank}.pt") for rank in range(world_size)]

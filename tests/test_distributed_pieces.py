@@ -1,0 +1,83 @@
+"""The two distributed contracts the example relies on, checked on real gloo
+process groups: how DistributedItemSampler shards items, and that
+weighted_reduce gives exact means when ranks hold different numbers of
+items (including none)."""
+import torch
+
+from conftest import run_gloo_group
+
+
+def _shards(rank):
+    import dgl.graphbolt as gb
+
+    def batches(items, batch_size, **flags):
+        sampler = gb.DistributedItemSampler(
+            gb.ItemSet(items), batch_size=batch_size, **flags
+        )
+        return [batch.tolist() for batch in sampler]
+
+    small = torch.arange(15)
+    big = torch.arange(400)
+    return {
+        "plain": batches(small, 2),
+        "drop_last": batches(small, 2, drop_last=True),
+        "drop_both": batches(small, 2, drop_last=True, drop_uneven_inputs=True),
+        "unshuffled": batches(big, 10),
+        "shuffled": [batches(big, 10, shuffle=True) for _ in range(2)],
+    }
+
+
+def test_distributed_item_sampler_sharding(tmp_path):
+    shards = run_gloo_group(_shards, 4, tmp_path)
+    assert [s["plain"] for s in shards] == [
+        [[0, 1], [2, 3]], [[4, 5], [6, 7]], [[8, 9], [10, 11]], [[12, 13], [14]]
+    ]
+    assert shards[3]["drop_last"] == [[12, 13]]
+    assert [s["drop_last"] for s in shards[:3]] == [
+        s["plain"] for s in shards[:3]
+    ]
+    assert [s["drop_both"] for s in shards] == [
+        [[0, 1]], [[4, 5]], [[8, 9]], [[12, 13]]
+    ]
+    for shard in shards:
+        own = sorted(sum(shard["unshuffled"], []))
+        first, second = (sum(epoch, []) for epoch in shard["shuffled"])
+        # Shuffling stays inside the rank's own share of the items ...
+        assert sorted(first) == sorted(second) == own
+        # ... and gives a new order every epoch.
+        assert first != second and first != own
+
+
+def _reduce(rank, sums, counts):
+    from node_classification import weighted_reduce
+
+    value = torch.tensor(sums[rank])
+    return weighted_reduce(value, counts[rank]).item()
+
+
+def test_weighted_reduce_is_exact_with_unequal_and_zero_counts(tmp_path):
+    # Rank 0 has mean 0.5 over 4 items, rank 1 mean 0.9 over 10 items and
+    # rank 2 no items at all: the exact mean is (2 + 9) / 14.
+    sums, counts = [2.0, 9.0, 0.0], [4, 10, 0]
+    results = run_gloo_group(_reduce, 3, tmp_path, sums, counts)
+    assert abs(results[0] - 11 / 14) < 1e-6
+    # A plain mean of per-rank means would give (0.5 + 0.9 + 0) / 3.
+    assert abs(results[0] - (0.5 + 0.9) / 3) > 0.1
+
+
+def _evaluate_nothing(rank):
+    import torch.nn as nn
+
+    from node_classification import evaluate
+
+    class Wrapped(nn.Module):  # stands in for DDP: evaluate uses .module
+        def __init__(self):
+            super().__init__()
+            self.module = nn.Identity()
+
+    return evaluate(rank, Wrapped(), [], 5, torch.device("cpu"))
+
+
+def test_evaluate_on_a_rank_without_items_returns_zero_weight(tmp_path):
+    correct, count = run_gloo_group(_evaluate_nothing, 1, tmp_path)[0]
+    assert (correct.item(), count) == (0.0, 0)

@@ -1,0 +1,101 @@
+"""plan_run decides devices, backend, world size, rendezvous and threads.
+It takes CUDA availability as arguments, so every mode is checked here
+without a GPU."""
+import pytest
+
+from node_classification import UsageError, parse_args, plan_run
+
+
+def plan(argv, cuda=False, num_gpus=0, cores=2, env=None):
+    return plan_run(parse_args(argv), env or {}, cuda, num_gpus, cores)
+
+
+def test_auto_without_cuda_is_cpu_ranks_with_gloo_and_a_notice():
+    p = plan(["--gpu=0,1"])
+    assert p["mode"] == "cpu-cpu" and p["storage"] == "cpu"
+    assert p["backend"] == "gloo"
+    assert p["devices"] == ["cpu", "cpu"] and p["world_size"] == 2
+    assert "cpu-cpu" in p["notice"]
+
+
+def test_auto_with_cuda_is_pinned_cuda_with_nccl():
+    p = plan(["--gpu=0,1"], cuda=True, num_gpus=2)
+    assert p["mode"] == "pinned-cuda" and p["storage"] == "pinned"
+    assert p["backend"] == "nccl"
+    assert p["devices"] == ["cuda:0", "cuda:1"]
+    assert p["notice"] is None
+
+
+@pytest.mark.parametrize(
+    "mode,storage", [("cpu-cuda", "cpu"), ("pinned-cuda", "pinned"),
+                     ("cuda-cuda", "cuda")]
+)
+def test_cuda_modes_with_cuda(mode, storage):
+    p = plan(["--gpu=1,3", "--mode", mode], cuda=True, num_gpus=4)
+    assert (p["storage"], p["backend"]) == (storage, "nccl")
+    assert p["devices"] == ["cuda:1", "cuda:3"]
+
+
+@pytest.mark.parametrize("mode", ["cpu-cuda", "pinned-cuda", "cuda-cuda"])
+def test_cuda_modes_without_cuda_are_refused(mode):
+    with pytest.raises(UsageError, match=f"--mode {mode} needs CUDA"):
+        plan(["--mode", mode])
+
+
+def test_cpu_cpu_with_cuda_present_still_uses_gloo_on_cpu():
+    p = plan(["--gpu=0,1,2", "--mode", "cpu-cpu"], cuda=True, num_gpus=1)
+    assert p["backend"] == "gloo" and p["devices"] == ["cpu"] * 3
+
+
+def test_missing_gpu_id_is_refused():
+    with pytest.raises(UsageError, match="GPU 2 does not exist"):
+        plan(["--gpu=0,2"], cuda=True, num_gpus=2)
+
+
+def test_gpu_cache_needs_a_cuda_training_device():
+    with pytest.raises(UsageError, match="--gpu-cache-size 1000"):
+        plan(["--gpu-cache-size", "1000"])
+    p = plan(["--gpu-cache-size", "1000"], cuda=True, num_gpus=1)
+    assert p["backend"] == "nccl"
+
+
+@pytest.mark.parametrize("gpu", ["a", "0,,1", "0,0", "-1"])
+def test_bad_gpu_lists(gpu):
+    with pytest.raises(UsageError, match="--gpu"):
+        plan([f"--gpu={gpu}"])
+
+
+@pytest.mark.parametrize(
+    "cores,ranks,threads", [(2, 1, 2), (2, 2, 1), (2, 4, 1), (16, 4, 4)]
+)
+def test_threads_are_at_least_one(cores, ranks, threads):
+    gpus = ",".join(map(str, range(ranks)))
+    assert plan([f"--gpu={gpus}"], cores=cores)["threads"] == threads
+
+
+def test_rendezvous_port_is_free_unless_given():
+    first, second = plan([]), plan([])
+    assert first["init_method"].startswith("tcp://127.0.0.1:")
+    assert first["init_method"] != "tcp://127.0.0.1:12345"
+    given = plan(["--master-port", "29999"])
+    assert given["init_method"] == "tcp://127.0.0.1:29999"
+    assert first["launcher"] == second["launcher"] == "spawn"
+
+
+def test_torchrun_environment_means_one_rank_per_process():
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
+           "LOCAL_WORLD_SIZE": "2"}
+    p = plan(["--gpu=0,1,2,3"], cuda=True, num_gpus=2, cores=8, env=env)
+    assert p["launcher"] == "torchrun" and p["init_method"] == "env://"
+    assert (p["world_size"], p["rank_offset"], p["local_rank"]) == (4, 3, 1)
+    # The device comes from LOCAL_RANK, not from --gpu.
+    assert p["devices"] == ["cuda:1"]
+    assert p["threads"] == 4
+    cpu = plan([], env=env)
+    assert cpu["devices"] == ["cpu"] and cpu["backend"] == "gloo"
+
+
+def test_torchrun_local_rank_must_exist_as_a_gpu():
+    env = {"RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "2"}
+    with pytest.raises(UsageError, match="GPU 2 does not exist"):
+        plan(["--mode", "cuda-cuda"], cuda=True, num_gpus=2, env=env)
