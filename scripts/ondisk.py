@@ -96,16 +96,27 @@ def add_reverse_edges(edges):
     Duplicates are dropped (also ones already in the input), so a graph that
     was already symmetric is not doubled. The result is sorted by (src, dst).
     """
-    both = np.concatenate([edges, edges[::-1]], axis=1).astype(np.int64, copy=False)
-    if both.shape[1] == 0:
-        return both
-    # Pack each pair into one int64 key: np.unique on keys is a plain sort.
-    low = int(both.min())
-    span = int(both.max()) - low + 1
-    if span > 3_000_000_000:  # span**2 would overflow int64
-        return np.unique(both, axis=1)
-    keys = np.unique((both[0] - low) * span + (both[1] - low))
-    return np.stack([keys // span + low, keys % span + low])
+    src = np.asarray(edges[0], dtype=np.int64)
+    dst = np.asarray(edges[1], dtype=np.int64)
+    if src.size == 0:
+        return np.zeros((2, 0), dtype=np.int64)
+    low = int(min(src.min(), dst.min()))
+    span = int(max(src.max(), dst.max())) - low + 1
+    if span > 3_000_000_000:  # span**2 would overflow the int64 keys below
+        return np.unique(np.concatenate([edges, edges[::-1]], axis=1), axis=1)
+    # Pack each pair (u, v) into one int64 key; sorting keys in place and
+    # keeping the first of each run deduplicates with no other big copy.
+    keys = np.empty(2 * src.size, dtype=np.int64)
+    np.multiply(src - low, span, out=keys[: src.size])
+    keys[: src.size] += dst - low
+    np.multiply(dst - low, span, out=keys[src.size :])
+    keys[src.size :] += src - low
+    keys.sort()
+    keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])]
+    out = np.empty((2, keys.size), dtype=np.int64)
+    np.floor_divide(keys, span, out=out[0])
+    np.remainder(keys, span, out=out[1])
+    return out + low if low else out
 
 
 # ------------------------------------------------------------- validation
