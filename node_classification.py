@@ -37,7 +37,9 @@ main
 """
 import argparse
 import inspect
+import json
 import os
+import random
 import socket
 import sys
 import time
@@ -48,6 +50,7 @@ os.environ.setdefault("DGLBACKEND", "pytorch")
 
 import dgl.graphbolt as gb
 import dgl.nn as dglnn
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -63,6 +66,9 @@ MODES = ["auto", "cpu-cpu", "cpu-cuda", "pinned-cuda", "cuda-cuda"]
 NUM_LAYERS = 3
 HIDDEN_SIZE = 256
 FEAT_KEY = ("node", None, "feat")
+CHECKPOINT_FILE = "checkpoint.pt"
+MODEL_FILE = "model.pt"
+METRICS_FILE = "metrics.jsonl"
 
 
 class SAGE(nn.Module):
@@ -114,13 +120,14 @@ def create_dataloader(
     # every rank the same number of full batches; for evaluation nothing is
     # dropped, so every item is scored exactly once (some ranks may get none).
     ############################################################################
-    datapipe = gb.DistributedItemSampler(
+    item_sampler = gb.DistributedItemSampler(
         item_set=itemset,
         batch_size=batch_size,
         drop_last=is_train,
         shuffle=is_train,
         drop_uneven_inputs=is_train,
     )
+    datapipe = item_sampler
     # With the graph on the GPU (pinned or device memory) sampling runs there,
     # so the seeds move first. dgl 2.1.0's copy_to skips seed_nodes unless
     # asked to; newer releases copy everything and have no `extra_attrs`.
@@ -139,7 +146,30 @@ def create_dataloader(
     datapipe = datapipe.fetch_feature(features, node_feature_keys=["feat"])
     if storage == "cpu":
         datapipe = datapipe.copy_to(device)
-    return gb.DataLoader(datapipe, num_workers)
+    # The item sampler is returned too, to be reseeded every epoch.
+    return gb.DataLoader(datapipe, num_workers), item_sampler
+
+
+def seed_epoch(seed, rank, epoch, item_sampler):
+    """Derives this rank's randomness for one epoch (shuffling, dropout,
+    neighbor sampling) from (seed, rank, epoch), like PyTorch's
+    DistributedSampler.set_epoch: the same seed repeats a run, and a resumed
+    run shuffles and drops out exactly as an uninterrupted one.
+
+    Limit (dgl 2.1.0): GraphBolt samples in a prefetch thread created per
+    epoch, and its random stream also depends on how many such threads the
+    process made before, so a resumed run samples other neighbors."""
+    epoch_seed = int(
+        np.random.SeedSequence([seed, rank, epoch]).generate_state(1)[0]
+    )
+    random.seed(epoch_seed)
+    np.random.seed(epoch_seed)
+    torch.manual_seed(epoch_seed)
+    gb.seed(epoch_seed)
+    # dgl 2.1.0's item sampler shuffles with its own unseeded
+    # np.random.default_rng() and takes no seed argument, so replace it.
+    if hasattr(item_sampler, "_rng"):
+        item_sampler._rng = np.random.default_rng(epoch_seed)
 
 
 def weighted_reduce(tensor, weight, dst=0):
@@ -181,17 +211,21 @@ def evaluate(rank, model, dataloader, num_classes, device):
 
 def train(
     rank,
+    world_size,
+    args,
     model,
+    optimizer,
     train_dataloader,
+    train_sampler,
     valid_dataloader,
     num_classes,
     device,
-    epochs,
-    lr,
+    start_epoch,
+    checkpoint_config,
 ):
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-
-    for epoch in range(epochs):
+    for epoch in range(start_epoch, args.epochs):
+        if args.seed is not None:
+            seed_epoch(args.seed, rank, epoch, train_sampler)
         epoch_start = time.time()
 
         model.train()
@@ -231,6 +265,7 @@ def train(
 
                 total_loss += loss.detach() * y.size(0)
                 num_train_items += y.size(0)
+        train_time = time.time() - epoch_start
 
         # Evaluate the model.
         if rank == 0:
@@ -245,15 +280,42 @@ def train(
         # Synchronize before measuring the epoch time.
         if device.type == "cuda":
             torch.cuda.synchronize()
-        epoch_end = time.time()
+        epoch_time = time.time() - epoch_start
         if rank == 0:
+            if args.checkpoint_dir:
+                save_checkpoint(
+                    args.checkpoint_dir,
+                    model.module,
+                    optimizer,
+                    epoch + 1,
+                    args.seed,
+                    checkpoint_config,
+                )
+            if args.log_dir:
+                # Every rank trains the same number of items (the sampler
+                # drops uneven batches), so the world trains this many.
+                seeds_per_second = num_train_items * world_size / train_time
+                append_metrics(
+                    args.log_dir,
+                    {
+                        "epoch": epoch,
+                        "loss": total_loss.item(),
+                        "val_accuracy": acc.item(),
+                        "epoch_time": epoch_time,
+                        "seeds_per_second": seeds_per_second,
+                        "ranks": world_size,
+                    },
+                )
             print(
                 f"Epoch {epoch:05d} | "
                 f"Average Loss {total_loss.item():.4f} | "
                 f"Accuracy {acc.item():.4f} | "
-                f"Time {epoch_end - epoch_start:.4f}",
+                f"Time {epoch_time:.4f}",
                 flush=True,
             )
+        # Nobody goes on until the checkpoint of this epoch is complete.
+        if args.checkpoint_dir:
+            dist.barrier()
 
 
 def place_dataset(dataset, storage, device, gpu_cache_size):
@@ -283,8 +345,9 @@ def make_gpu_cache(feature, cache_bytes):
     return gb.GPUCachedFeature(feature, max(1, cache_bytes // row_bytes))
 
 
-def run(rank, plan, args, dataset):
-    """One training process. `rank` is its global rank."""
+def run(rank, plan, args, prepared):
+    """One training process. `rank` is its global rank; `prepared` is what
+    prepare() returned in the parent, or None under torchrun."""
     device = torch.device(plan["devices"][rank - plan["rank_offset"]])
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -296,9 +359,9 @@ def run(rank, plan, args, dataset):
         rank=rank,
     )
     try:
-        if dataset is None:
-            dataset = load_dataset_in_turn(rank, plan, args)
-        train_on_rank(rank, plan, args, dataset, device)
+        if prepared is None:
+            prepared = prepare_in_turn(rank, plan, args)
+        train_on_rank(rank, plan["world_size"], plan, args, device, *prepared)
     except Exception:
         # Report every failing rank here: the launcher shows only one, often
         # a peer's "connection closed" instead of the cause.
@@ -308,36 +371,43 @@ def run(rank, plan, args, dataset):
         dist.destroy_process_group()
 
 
-def load_dataset_in_turn(rank, plan, args):
+def prepare_in_turn(rank, plan, args):
     """Under torchrun every process loads the dataset itself. Rank 0 goes
     first (it may download or preprocess into the dataset directory), then
     the first process of each other node, then everybody else, so that no
     two processes write the same files at once."""
     turn = 0 if rank == 0 else (1 if plan["local_rank"] == 0 else 2)
-    dataset = None
+    prepared = None
     for stage in range(3):
         if turn == stage:
-            dataset = load_dataset(args.dataset, args.data_root)
-            check_train_split(
-                len(dataset.tasks[0].train_set),
-                args.batch_size,
-                plan["world_size"],
-            )
+            prepared = prepare(args, plan["world_size"])
         dist.barrier()
-    return dataset
+    return prepared
 
 
-def train_on_rank(rank, plan, args, dataset, device):
+def train_on_rank(
+    rank, world_size, plan, args, device, dataset, config, checkpoint
+):
     graph, features = place_dataset(
         dataset, plan["storage"], device, args.gpu_cache_size
     )
     task = dataset.tasks[0]
-    num_classes = task.metadata["num_classes"]
-    in_size = features.size(*FEAT_KEY)[0]
+    num_classes = config["num_classes"]
 
     # Create GraphSAGE model. It should be copied onto a GPU as a replica.
-    model = SAGE(in_size, HIDDEN_SIZE, num_classes).to(device)
-    model = DDP(model)
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+    model = SAGE(config["in_size"], config["hidden_size"], num_classes)
+    if checkpoint is not None:
+        model.load_state_dict(checkpoint["model"])
+    model = DDP(model.to(device))
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    start_epoch = 0
+    if checkpoint is not None:
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        start_epoch = checkpoint["epoch"]
+        if rank == 0:
+            print(f"Resuming from {args.checkpoint_dir} at epoch {start_epoch}.")
 
     # Create data loaders.
     def dataloader(itemset, is_train):
@@ -353,22 +423,26 @@ def train_on_rank(rank, plan, args, dataset, device):
             args.num_workers,
         )
 
-    train_dataloader = dataloader(task.train_set, is_train=True)
-    valid_dataloader = dataloader(task.validation_set, is_train=False)
-    test_dataloader = dataloader(task.test_set, is_train=False)
+    train_dataloader, train_sampler = dataloader(task.train_set, True)
+    valid_dataloader, _ = dataloader(task.validation_set, False)
+    test_dataloader, _ = dataloader(task.test_set, False)
 
     # Model training.
     if rank == 0:
         print("Training...")
     train(
         rank,
+        world_size,
+        args,
         model,
+        optimizer,
         train_dataloader,
+        train_sampler,
         valid_dataloader,
         num_classes,
         device,
-        args.epochs,
-        args.lr,
+        start_epoch,
+        config,
     )
 
     # Test the model.
@@ -380,6 +454,17 @@ def train_on_rank(rank, plan, args, dataset, device):
     test_acc = weighted_reduce(num_correct, num_test_items)
     if rank == 0:
         print(f"Test Accuracy {test_acc.item():.4f}", flush=True)
+        if args.checkpoint_dir:
+            # The trained model without DDP's "module." prefixes.
+            save_atomically(
+                model.module.state_dict(),
+                os.path.join(args.checkpoint_dir, MODEL_FILE),
+            )
+        if args.log_dir:
+            append_metrics(
+                args.log_dir,
+                {"test_accuracy": test_acc.item(), "ranks": world_size},
+            )
 
 
 class UsageError(Exception):
@@ -449,6 +534,114 @@ def check_train_split(num_train_items, batch_size, world_size):
             else f"the train set has {num_train_items} items, fewer than the "
             f"{world_size} ranks"
         )
+
+
+def prepare(args, world_size):
+    """Loads and checks what every rank needs: the dataset, the model's
+    configuration and, with --resume, the checkpoint. With --resume and no
+    --seed, the checkpoint's seed is taken so that the run continues the
+    same sequence."""
+    dataset = load_dataset(args.dataset, args.data_root)
+    check_train_split(
+        len(dataset.tasks[0].train_set), args.batch_size, world_size
+    )
+    config = model_config(args, dataset)
+    for directory in (args.checkpoint_dir, args.log_dir):
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+    checkpoint = None
+    if args.resume:
+        checkpoint = load_checkpoint(args.checkpoint_dir, config)
+        check_resume(checkpoint, args)
+        if args.seed is None:
+            args.seed = checkpoint["seed"]
+    return dataset, config, checkpoint
+
+
+def model_config(args, dataset):
+    """What a checkpoint must agree on to be resumed: model shape, data and
+    sampling."""
+    is_dir = args.dataset not in BUILTIN_DATASETS
+    return {
+        "dataset": os.path.realpath(args.dataset) if is_dir else args.dataset,
+        "fanout": list(args.fanout),
+        "in_size": dataset.feature.size(*FEAT_KEY)[0],
+        "hidden_size": HIDDEN_SIZE,
+        "num_classes": dataset.tasks[0].metadata["num_classes"],
+    }
+
+
+def save_checkpoint(directory, module, optimizer, next_epoch, seed, config):
+    # Every epoch's randomness derives from (seed, rank, epoch), so the seed
+    # and the next epoch are all the random state a resumed run needs.
+    checkpoint = {
+        "model": module.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "epoch": next_epoch,
+        "seed": seed,
+        "config": config,
+    }
+    save_atomically(checkpoint, os.path.join(directory, CHECKPOINT_FILE))
+
+
+def save_atomically(obj, path):
+    """Write, flush to disk, then rename: a crash while saving leaves the
+    previous file intact."""
+    temporary = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(temporary, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+    directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def load_checkpoint(directory, config):
+    path = os.path.join(directory, CHECKPOINT_FILE)
+    if not os.path.isfile(path):
+        raise UsageError(f"--resume: there is no checkpoint '{path}'")
+    try:
+        checkpoint = torch.load(path, map_location="cpu")
+        saved_config, epoch = checkpoint["config"], checkpoint["epoch"]
+    except Exception as error:
+        reason = (str(error).splitlines() or [""])[0]
+        raise UsageError(
+            f"checkpoint '{path}' is unreadable, truncated or corrupted "
+            f"({type(error).__name__}: {reason})"
+        ) from None
+    for key, value in config.items():
+        if saved_config.get(key) != value:
+            raise UsageError(
+                f"checkpoint '{path}' was made with {key} "
+                f"{saved_config.get(key)!r}, but this run has {value!r}"
+            )
+    return checkpoint
+
+
+def check_resume(checkpoint, args):
+    if args.seed is not None and args.seed != checkpoint["seed"]:
+        raise UsageError(
+            f"--seed {args.seed}: the checkpoint was made with --seed "
+            f"{checkpoint['seed']}"
+        )
+    if checkpoint["epoch"] >= args.epochs:
+        raise UsageError(
+            f"--epochs {args.epochs}: the checkpoint has already trained "
+            f"{checkpoint['epoch']} epochs; pass a larger --epochs"
+        )
+
+
+def append_metrics(directory, record):
+    with open(os.path.join(directory, METRICS_FILE), "a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 def free_port():
@@ -674,7 +867,34 @@ def parse_args(argv=None):
         default=None,
         help="Rendezvous port on 127.0.0.1 (default: a free port).",
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--seed",
+        type=int_at_least(0),
+        default=None,
+        help="Seed every random stream on every rank: the same seed repeats"
+        " a run (CPU, --num-workers 0). Default: unseeded, as upstream.",
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="Save a checkpoint here after every epoch, and the trained model"
+        " as model.pt at the end.",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="Continue from the checkpoint in --checkpoint-dir.",
+    )
+    parser.add_argument(
+        "--log-dir",
+        default=None,
+        help="Append one JSON line per epoch and one for the test result to"
+        " metrics.jsonl here.",
+    )
+    args = parser.parse_args(argv)
+    if args.resume and not args.checkpoint_dir:
+        parser.error("--resume needs --checkpoint-dir")
+    return args
 
 
 def main(argv=None):
@@ -687,24 +907,25 @@ def main(argv=None):
             torch.cuda.device_count(),
             len(os.sched_getaffinity(0)),
         )
+        is_main = plan["rank_offset"] == 0
+        if plan["notice"] and is_main:
+            print(plan["notice"])
+        if args.seed is not None and args.num_workers > 0 and is_main:
+            print(
+                "Note: with --num-workers > 0 sampling runs in worker "
+                "processes that --seed does not reach; runs will differ."
+            )
         if plan["launcher"] == "torchrun":
             # Each torchrun process is one rank; it loads the data itself.
-            if plan["notice"] and plan["rank_offset"] == 0:
-                print(plan["notice"])
             run(plan["rank_offset"], plan, args, None)
             return
-        if plan["notice"]:
-            print(plan["notice"])
         unit = "gpu" if plan["backend"] == "nccl" else "CPU process"
         plural = "es" if unit.endswith("s") else "s"
         world_size = plan["world_size"]
         print(f"Training with {world_size} {unit}{plural * (world_size > 1)}.")
 
-        # Load and preprocess dataset once, in the parent.
-        dataset = load_dataset(args.dataset, args.data_root)
-        check_train_split(
-            len(dataset.tasks[0].train_set), args.batch_size, plan["world_size"]
-        )
+        # Load and preprocess the dataset once, in the parent.
+        prepared = prepare(args, world_size)
     except UsageError as error:
         print(f"{os.path.basename(sys.argv[0])}: error: {error}", file=sys.stderr)
         sys.exit(2)
@@ -716,11 +937,11 @@ def main(argv=None):
     try:
         mp.spawn(
             run,
-            args=(plan, args, dataset),
+            args=(plan, args, prepared),
             nprocs=plan["world_size"],
             join=True,
         )
-    except mp.ProcessRaisedException as error:
+    except mp.ProcessRaisedException:
         # mp.spawn has already stopped the other ranks; each failed rank
         # printed its traceback.
         sys.exit("error: training failed; each failing rank's error is above")
