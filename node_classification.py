@@ -2,21 +2,30 @@
 Train a three-layer GraphSAGE node classifier with one DDP process per device,
 fed by GraphBolt's data loader. It follows DGL's multi-GPU GraphBolt example
 (examples/multigpu/graphbolt/node_classification.py) and also runs without a
-GPU (gloo backend on CPU ranks), offline on a dataset directory, and under
-torchrun.
+GPU (one CPU process per --gpu entry, gloo backend), offline on a dataset
+directory, and under torchrun.
 
-    python node_classification.py --gpu=0,1                  # two GPUs, or two CPU ranks
-    python node_classification.py --gpu=0,1 --mode cpu-cpu --dataset data/synthetic
-    torchrun --nproc-per-node=2 node_classification.py --dataset data/synthetic
+    # Two GPUs; on a machine without CUDA, two CPU processes:
+    python node_classification.py --gpu=0,1
+    # Offline, on a dataset directory (scripts/make_synthetic_dataset.py):
+    python node_classification.py --gpu=0,1 --dataset data/synthetic
+    # Reproducible, checkpointed, resumable, with metrics for plotting:
+    python node_classification.py --gpu=0,1 --dataset data/synthetic \
+        --seed 0 --checkpoint-dir runs/a --log-dir runs/a [--resume]
+    # One process per rank started by torchrun (here: 2 CPU ranks):
+    torchrun --standalone --nproc-per-node=2 node_classification.py \
+        --dataset data/synthetic
 
 This flowchart describes the main functional sequence of the example:
 main
 │
-├───> parse_args, plan_run: check arguments, devices and backend (no spawn yet)
+├───> parse_args, plan_run: check arguments, decide devices, backend,
+│     rendezvous and threads (nothing is spawned on bad input)
 │
-├───> load_dataset (parent process: downloads/preprocesses once)
+├───> prepare: load (download/preprocess) and check the dataset once, in the
+│     parent; with --resume, load and check the checkpoint
 │
-└───> run (one process per device, or one per torchrun process)
+└───> run (one process per device, or each torchrun process)
       │
       ├───> Init process group and build distributed SAGE model (HIGHLIGHT)
       │
@@ -25,15 +34,17 @@ main
       │     ├───> Get GraphBolt dataloader with DistributedItemSampler
       │     │     (HIGHLIGHT)
       │     │
-      │     └───> Training loop under Join
+      │     └───> Training loop under Join (HIGHLIGHT)
       │           │
       │           ├───> SAGE.forward
       │           │
       │           ├───> Validation set evaluation
       │           │
-      │           └───> Collect accuracy and loss from all ranks (HIGHLIGHT)
+      │           ├───> Collect accuracy and loss from all ranks (HIGHLIGHT)
+      │           │
+      │           └───> Rank 0: checkpoint, metrics.jsonl, epoch line
       │
-      └───> Test set evaluation
+      └───> Test set evaluation (and model.pt)
 """
 import argparse
 import inspect
@@ -792,6 +803,7 @@ def fanout_list(text):
 
 def parse_args(argv=None):
     parser = ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Multi-GPU (or multi-process CPU) training of a GraphSAGE "
         "model for node classification using the GraphBolt dataloader."
     )
@@ -825,7 +837,7 @@ def parse_args(argv=None):
         type=fanout_list,
         default="10,10,10",
         help="Fan-out of neighbor sampling, one value per layer (3 layers);"
-        " -1 takes all neighbors. Default: 10,10,10",
+        " -1 takes all neighbors.",
     )
     parser.add_argument(
         "--num-workers",
@@ -872,7 +884,7 @@ def parse_args(argv=None):
         type=int_at_least(0),
         default=None,
         help="Seed every random stream on every rank: the same seed repeats"
-        " a run (CPU, --num-workers 0). Default: unseeded, as upstream.",
+        " a run (CPU, --num-workers 0). Unseeded by default, as upstream.",
     )
     parser.add_argument(
         "--checkpoint-dir",

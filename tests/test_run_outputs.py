@@ -205,3 +205,24 @@ def test_plot_metrics_names_a_missing_log(tmp_path):
     )
     assert result.returncode == 2
     assert "nothing/metrics.jsonl: no such file" in result.stderr
+
+
+def test_readme_snippet_loads_the_model_and_predicts(small_dataset, tmp_path):
+    run_dir = tmp_path / "run"
+    trained = run_example(
+        [*FAST, "--dataset", small_dataset, "--epochs", 1,
+         "--checkpoint-dir", run_dir]
+    )
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    readme = open(os.path.join(REPO, "README.md")).read()
+    start = readme.index("```python\n") + len("```python\n")
+    snippet = readme[start:readme.index("```", start)]
+    snippet = snippet.replace("data/synthetic", small_dataset)
+    snippet = snippet.replace("runs/a/model.pt", str(run_dir / "model.pt"))
+    snippet += "\nprint('predicted', int(predictions.numel()))\n"
+    result = subprocess.run(
+        [sys.executable, "-c", snippet], capture_output=True, text=True,
+        cwd=REPO, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "predicted " in result.stdout
