@@ -6,6 +6,7 @@ inputs.
 """
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -350,3 +351,42 @@ def test_synthetic_bad_arguments(tmp_path, args, message):
     result = run(SYNTHETIC, tmp_path / "out", *args)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------- end to end
+
+
+def test_converted_dataset_trains_end_to_end(tmp_path):
+    """Own arrays -> convert_to_ondisk.py -> node_classification.py learns."""
+    import re
+
+    import make_synthetic_dataset as synthetic
+
+    edges, features, labels = synthetic.make_dataset(3000, 10, 32, 10, seed=0)
+    train, val, test = ondisk.split_nodes(3000, (0.6, 0.2, 0.2), seed=1)
+    paths = {}
+    for name, array in [("edges", edges.T), ("features", features), ("labels", labels),
+                        ("train", train), ("val", val), ("test", test)]:
+        paths[name] = tmp_path / f"{name}.npy"
+        np.save(paths[name], array)
+    out = tmp_path / "converted"
+    converted = run(CONVERT, out, *convert_args(paths), "--add-reverse-edges")
+    assert converted.returncode == 0, converted.stderr
+
+    # Own session, so a hung run's spawned ranks are killed with it.
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "node_classification.py"), "--dataset", str(out),
+         "--gpu=0,1", "--mode", "cpu-cpu", "--epochs", "3", "--batch-size", "256"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"training did not finish in 180 s:\n{stdout[-2000:]}\n{stderr[-2000:]}")
+    assert process.returncode == 0, stderr[-3000:]
+    found = re.findall(r"^Test Accuracy (\d+\.\d+)$", stdout, re.MULTILINE)
+    assert len(found) == 1, stdout
+    assert float(found[0]) > 0.4, stdout  # chance is 0.1 with 10 classes
