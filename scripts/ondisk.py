@@ -355,6 +355,11 @@ def _write_files(directory, edges, features, labels, splits, metadata):
 def _refuse_existing(out_dir, force):
     if os.path.lexists(out_dir) and not force:
         raise DatasetError(f"{out_dir}: already exists; use --force (force=True) to replace it")
+    # --force replaces the whole directory: never the one we are standing in.
+    here = os.path.realpath(os.getcwd())
+    target = os.path.realpath(out_dir)
+    if here == target or here.startswith(target.rstrip(os.sep) + os.sep):
+        raise DatasetError(f"{out_dir}: refusing to replace the current directory or one above it")
 
 
 def _make_sibling_dir(parent, prefix):

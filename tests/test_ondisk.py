@@ -253,6 +253,13 @@ def test_existing_dir_refused_then_replaced_with_force(tmp_path):
     assert leftovers(tmp_path) == []
 
 
+def test_force_never_replaces_the_current_directory(tmp_path):
+    paths, _ = make_inputs(tmp_path)
+    result = run(CONVERT, ".", *convert_args(paths), "--force", cwd=tmp_path)
+    assert result.returncode == 2 and "refusing to replace the current directory" in result.stderr
+    assert paths["edges"].exists() and leftovers(tmp_path.parent) == []
+
+
 def test_failed_write_leaves_old_dataset_untouched(tmp_path, monkeypatch):
     """A crash mid-write (disk full, Ctrl-C) keeps the previous out_dir."""
     _, arrays = make_inputs(tmp_path)
