@@ -373,6 +373,10 @@ def run(rank, plan, args, prepared):
         if prepared is None:
             prepared = prepare_in_turn(rank, plan, args)
         train_on_rank(rank, plan["world_size"], plan, args, device, *prepared)
+        # With gloo, torch 2.2's destroy_process_group can deadlock while a
+        # worker thread still frees a tensor of the last collective (it needs
+        # the GIL the destroying thread holds). A final barrier lets it go.
+        dist.barrier()
     except Exception:
         # Report every failing rank here: the launcher shows only one, often
         # a peer's "connection closed" instead of the cause.
@@ -416,6 +420,9 @@ def train_on_rank(
     start_epoch = 0
     if checkpoint is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
+        # The saved state carries the old learning rate; --lr wins.
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr
         start_epoch = checkpoint["epoch"]
         if rank == 0:
             print(f"Resuming from {args.checkpoint_dir} at epoch {start_epoch}.")
