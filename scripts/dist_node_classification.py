@@ -222,6 +222,12 @@ def run(args, num_classes):
     )
     if rank == 0:
         print(f"Test Accuracy {test_accuracy:.4f}", flush=True)
+    # Before the group is destroyed: wait for every trainer, then give gloo's
+    # worker threads a moment without the GIL to free the last collective's
+    # tensors. torch 2.2 destroys a gloo group while holding the GIL and waits
+    # for those threads, which deadlocks if one still needs the GIL.
+    dist.barrier()
+    time.sleep(0.2)
 
 
 def parse_args(argv=None):
@@ -363,21 +369,19 @@ def main():
         os.makedirs(args.dump_seeds, exist_ok=True)
     # Servers never return from here; trainers connect to every server.
     dgl.distributed.initialize(args.ip_config, use_graphbolt=args.use_graphbolt)
-    failed = False
     try:
         run(args, num_classes)
     except BaseException:
+        # Leave at once with a non-zero code: a clean teardown (gloo, DGL's
+        # exit hook) waits for the other trainers, so it would hang this rank
+        # instead of failing the job. The launcher then stops the others.
         traceback.print_exc()
-        failed = True
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    if failed:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # Skip DGL's exit hook: it waits at a barrier for the other trainers,
-        # which would hang this failed one instead of failing the job.
-        os._exit(1)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ main
 import argparse
 import json
 import os
+import queue
 import random
 import select
 import shutil
@@ -188,7 +189,8 @@ def plan_job(args, run_id, work_dir):
             env = dict(common_env, DGL_ROLE="server", OMP_NUM_THREADS="1",
                        DGL_SERVER_ID=str(server_id))
             processes.append({"name": f"machine {machine['id']} server {s}",
-                              "machine": machine, "role": "server", "env": env})
+                              "machine": machine, "role": "server", "env": env,
+                              "port": server_port + s})
     master_port = server_port + args.servers_per_machine + rng.randrange(1, 1000)
     for machine in machines:
         for t in range(args.trainers_per_machine):
@@ -288,27 +290,58 @@ def start_process(spec, holder_pid, command):
     return {"spec": spec, "proc": proc, "thread": thread}
 
 
-def wait_for_job(running, deadline):
+def is_listening(pid, port):
+    """True once a TCP socket listens on port in pid's network namespace.
+
+    Read from /proc rather than probed: a test connection would reach DGL's
+    server as a bogus client.
+    """
+    try:
+        with open(f"/proc/{pid}/net/tcp") as f:
+            rows = [line.split() for line in f.readlines()[1:]]
+    except OSError:
+        return False
+    listen_state = "0A"
+    return any(row[3] == listen_state and int(row[1].split(":")[1], 16) == port
+               for row in rows)
+
+
+def wait_until_servers_listen(servers, deadline):
+    """Start trainers only then: DGL's clients sleep 3 s between connect tries."""
+    while not all(is_listening(item["proc"].pid, item["spec"]["port"]) for item in servers):
+        if time.monotonic() > deadline or any(item["proc"].poll() is not None for item in servers):
+            return  # wait_for_job reports the reason
+        time.sleep(0.1)
+
+
+def watch_exit(item, exits):
+    """Report the process's exit code, in the order processes exit."""
+    exits.put((item, item["proc"].wait()))
+
+
+def wait_for_job(running, exits, deadline):
     """Return None on success, or one line saying why the job failed."""
-    trainers_done_at = None
-    while True:
-        for item in running:
-            code = item["proc"].poll()
-            if code is not None and code != 0:
-                return f"{item['spec']['name']} exited with code {code}; stopping the job"
-        codes = [item["proc"].poll() for item in running]
-        if all(code == 0 for code in codes):
-            return None
-        trainers_done = all(item["proc"].poll() == 0 for item in running
-                            if item["spec"]["role"] == "trainer")
-        now = time.monotonic()
-        if trainers_done and trainers_done_at is None:
-            trainers_done_at = now
-        if trainers_done_at is not None and now - trainers_done_at > SERVER_EXIT_GRACE_S:
-            return "servers did not shut down after the trainers finished"
-        if now > deadline:
+    trainers_left = sum(item["spec"]["role"] == "trainer" for item in running)
+    processes_left = len(running)
+    servers_deadline = None
+    while processes_left > 0:
+        limit = min(deadline, servers_deadline or deadline)
+        try:
+            item, code = exits.get(timeout=max(0.0, limit - time.monotonic()))
+        except queue.Empty:
+            if limit == servers_deadline:
+                return "servers did not shut down after the trainers finished"
             return "the job did not finish within --timeout; stopping it"
-        time.sleep(0.2)
+        # The first failure is the cause; later ones are usually its echo.
+        if code != 0:
+            return f"{item['spec']['name']} exited with code {code}; stopping the job"
+        processes_left -= 1
+        if item["spec"]["role"] == "trainer":
+            trainers_left -= 1
+            if trainers_left == 0:
+                # Trainer 0 shuts the servers down as it exits.
+                servers_deadline = time.monotonic() + SERVER_EXIT_GRACE_S
+    return None
 
 
 def kill_group(proc):
@@ -352,10 +385,15 @@ def run_job(args, run_id):
             holders.append(start_machine_holder(machine))
             wait_until_ready(holders[-1], machine, timeout=30)
             holder_pids[machine["id"]] = holders[-1].pid
-        # Servers first: trainers retry until every server listens.
-        for spec in plan["processes"]:
-            running.append(start_process(spec, holder_pids[spec["machine"]["id"]], plan["command"]))
-        failure = wait_for_job(running, deadline)
+        exits = queue.Queue()
+        for role in ("server", "trainer"):
+            for spec in (spec for spec in plan["processes"] if spec["role"] == role):
+                holder_pid = holder_pids[spec["machine"]["id"]]
+                running.append(start_process(spec, holder_pid, plan["command"]))
+                threading.Thread(target=watch_exit, args=(running[-1], exits), daemon=True).start()
+            if role == "server":
+                wait_until_servers_listen(running, deadline)
+        failure = wait_for_job(running, exits, deadline)
     except RuntimeError as e:
         failure = str(e)
     finally:

@@ -21,8 +21,10 @@ Run it once, on one machine, before training:
     python scripts/partition_graph.py ... --use-graphbolt
 
 The output directory holds `<graph-name>.json` (the partition config to pass
-as --part-config), one `partN/` directory per machine and `dataset_info.json`
-(number of classes and feature size, which the partitions do not record).
+as --part-config), one `partN/` directory per machine, `dataset_info.json`
+(number of classes and feature size, which the partitions do not record) and
+`orig_nids.pt` (partitioning renumbers nodes: entry i is the dataset id of
+node i of the partitioned graph).
 
 Call tree:
 main
@@ -42,9 +44,13 @@ import dgl
 import dgl.graphbolt as gb
 import torch
 
+# GraphBolt builtin datasets with one node type and a node classification task.
+BUILTIN_DATASETS = ["cora", "ogbn-arxiv", "ogbn-products", "ogbn-papers100M"]
 # Node data the trainer reads from the DistGraph; the names are its contract.
 NODE_DATA = ("feat", "label", "train_mask", "val_mask", "test_mask")
 DATASET_INFO_FILE = "dataset_info.json"
+# orig_nids[i] is the dataset id of node i in the partitioned graph.
+ORIG_NIDS_FILE = "orig_nids.pt"
 
 
 def load_dataset(name_or_dir, root):
@@ -53,10 +59,16 @@ def load_dataset(name_or_dir, root):
         if not os.path.isfile(os.path.join(name_or_dir, "metadata.yaml")):
             sys.exit(f"error: no metadata.yaml in dataset directory {name_or_dir}")
         return gb.OnDiskDataset(name_or_dir).load()
-    if os.path.sep in name_or_dir or name_or_dir.startswith("."):
-        sys.exit(f"error: dataset directory {name_or_dir} does not exist")
-    # A bare name: GraphBolt downloads it into root on first use.
-    return gb.BuiltinDataset(name_or_dir, root).load()
+    if name_or_dir not in BUILTIN_DATASETS:
+        sys.exit(
+            f"error: dataset directory {name_or_dir} does not exist (builtin "
+            f"names: {', '.join(BUILTIN_DATASETS)})"
+        )
+    # GraphBolt downloads a builtin dataset into root on first use.
+    try:
+        return gb.BuiltinDataset(name_or_dir, root).load()
+    except Exception as e:  # network and archive errors have many types
+        sys.exit(f"error: could not load builtin dataset {name_or_dir} into {root}: {e}")
 
 
 def task_set_columns(item_set, set_name):
@@ -101,7 +113,8 @@ def dataset_to_dgl_graph(dataset):
 
 
 def partition(g, graph_name, num_parts, out_dir, options):
-    """Write the partitions; return the path of the partition config."""
+    """Write the partitions; return the partition config path and, for each
+    node id of the partitioned graph, the dataset node id it came from."""
     ############################################################################
     # (HIGHLIGHT) METIS assigns each node to one machine. Balancing on the
     # train mask gives every machine about the same number of training seeds,
@@ -109,7 +122,7 @@ def partition(g, graph_name, num_parts, out_dir, options):
     # One halo hop stores each node's in-neighbours with it, so the first
     # sampling hop needs no network traffic.
     ############################################################################
-    dgl.distributed.partition_graph(
+    orig_nids, _ = dgl.distributed.partition_graph(
         g,
         graph_name,
         num_parts,
@@ -119,10 +132,11 @@ def partition(g, graph_name, num_parts, out_dir, options):
         balance_ntypes=g.ndata["train_mask"] if options["balance_train"] else None,
         balance_edges=options["balance_edges"],
         use_graphbolt=options["use_graphbolt"],
-        # GraphBolt partitions drop edge ids unless asked; the trainer does
-        # not need them, so keep the files small.
+        # Partitioning renumbers the nodes so each machine owns a contiguous
+        # range; keep the mapping to translate results back to dataset ids.
+        return_mapping=True,
     )
-    return os.path.join(out_dir, graph_name + ".json")
+    return os.path.join(out_dir, graph_name + ".json"), orig_nids
 
 
 def write_dataset_info(out_dir, graph_name, num_classes, feat_dim, use_graphbolt):
@@ -221,7 +235,10 @@ def main():
         "balance_edges": args.balance_edges,
         "use_graphbolt": args.use_graphbolt,
     }
-    part_config = partition(g, graph_name, args.num_parts, args.out, options)
+    part_config, orig_nids = partition(
+        g, graph_name, args.num_parts, args.out, options
+    )
+    torch.save(orig_nids, os.path.join(args.out, ORIG_NIDS_FILE))
     info_path = write_dataset_info(
         args.out,
         graph_name,
