@@ -20,15 +20,16 @@ that never return. Do not run it by hand; use a launcher:
         --num-machines 2 -- --epochs 10
 
     # A real cluster: DGL's tools/launch.py (ssh, shared file system):
-    python tools/launch.py --workspace ~/work --num-trainers 1 --num-samplers 0 \
-        --num-servers 1 --part-config partitions/synthetic/synthetic.json \
-        --ip-config ip_config.txt \
-        "python scripts/dist_node_classification.py --ip-config ip_config.txt \
-         --part-config partitions/synthetic/synthetic.json"
+    python3 dgl/tools/launch.py --workspace /shared/project \
+        --num_trainers 1 --num_samplers 0 --num_servers 1 \
+        --part_config partitions/synthetic/synthetic.json \
+        --ip_config ip_config.txt \
+        "python3 scripts/dist_node_classification.py --ip-config ip_config.txt \
+         --part-config partitions/synthetic/synthetic.json --epochs 10"
 
 Call tree:
 main
-├── parse_args / validate_args       before anything connects (servers too)
+├── parse_args / plan_job            checks before anything connects (servers too)
 ├── dgl.distributed.initialize       servers serve their partition here
 └── run
     ├── init_process_group("gloo")   rendezvous from MASTER_ADDR/PORT, RANK
@@ -111,8 +112,13 @@ def weighted_reduce(value_sum, count):
     return (totals[0] / totals[1]).item() if totals[1] > 0 else 0.0
 
 
+def dump_path(dump_dir, name):
+    """Where --dump-seeds saves one list of seed ids (None: not saved)."""
+    return None if dump_dir is None else os.path.join(dump_dir, name)
+
+
 @torch.no_grad()
-def evaluate(model, g, node_ids, fanout, batch_size, dump_path=None):
+def evaluate(model, g, node_ids, fanout, batch_size, dump_to=None):
     """Accuracy over all trainers' node_ids; each node is scored once."""
     model.eval()
     num_correct, num_items, seen = 0, 0, []
@@ -126,13 +132,13 @@ def evaluate(model, g, node_ids, fanout, batch_size, dump_path=None):
             num_correct += int((y_hat.argmax(dim=1) == y).sum())
             num_items += len(seeds)
             seen.append(seeds)
-    if dump_path is not None:
-        torch.save(torch.cat(seen) if seen else torch.empty(0), dump_path)
+    if dump_to is not None:
+        torch.save(torch.cat(seen) if seen else torch.empty(0), dump_to)
     return weighted_reduce(num_correct, num_items)
 
 
 def train_one_epoch(model, optimizer, dataloader, g, debug, rank):
-    """Return this trainer's (sum of loss x seeds, seeds, seed ids)."""
+    """Return this trainer's sum of (loss x seeds), its seed count and ids."""
     model.train()
     loss_sum, num_seeds, seen = 0.0, 0, []
     ############################################################################
@@ -157,10 +163,13 @@ def train_one_epoch(model, optimizer, dataloader, g, debug, rank):
     return loss_sum, num_seeds, torch.cat(seen) if seen else torch.empty(0)
 
 
-def train(model, g, splits, args, rank):
+def train(model, g, splits, fanout, args, rank):
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    train_loader = create_dataloader(
-        g, splits["train"], args.fanout, args.batch_size, shuffle=True
+    # A trainer without seeds still takes part: Join answers the others.
+    train_loader = (
+        create_dataloader(g, splits["train"], fanout, args.batch_size, True)
+        if len(splits["train"]) > 0
+        else []
     )
     debug = {"fail_rank": args.fail_rank, "fail_after": args.fail_after_batches}
     for epoch in range(args.epochs):
@@ -169,12 +178,11 @@ def train(model, g, splits, args, rank):
             model, optimizer, train_loader, g, debug, rank
         )
         if args.dump_seeds:
-            path = os.path.join(args.dump_seeds, f"train_e{epoch}_r{rank}.pt")
-            torch.save(seeds, path)
+            torch.save(seeds, dump_path(args.dump_seeds, f"train_e{epoch}_r{rank}.pt"))
         average_loss = weighted_reduce(loss_sum, num_seeds)
         accuracy = evaluate(
-            model, g, splits["val"], args.fanout, args.batch_size,
-            dump_path=_dump_path(args.dump_seeds, f"val_e{epoch}_r{rank}.pt"),
+            model, g, splits["val"], fanout, args.batch_size,
+            dump_path(args.dump_seeds, f"val_e{epoch}_r{rank}.pt"),
         )
         if rank == 0:
             print(
@@ -186,11 +194,7 @@ def train(model, g, splits, args, rank):
             )
 
 
-def _dump_path(dump_dir, name):
-    return None if dump_dir is None else os.path.join(dump_dir, name)
-
-
-def run(args, num_classes):
+def run(args, plan):
     # The launcher sets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE.
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -198,12 +202,13 @@ def run(args, num_classes):
         print(f"Training with {world_size} trainers.", flush=True)
     torch.manual_seed(args.seed)
 
-    g = dgl.distributed.DistGraph(args.graph_name, part_config=args.part_config)
+    g = dgl.distributed.DistGraph(plan["graph_name"], part_config=args.part_config)
     ############################################################################
     # (HIGHLIGHT) node_split gives each trainer a disjoint share of a mask's
-    # nodes, preferring nodes stored on its own machine. force_even=True makes
-    # the shares differ by at most one node and cover every node exactly once,
-    # which keeps validation and test metrics exact.
+    # nodes. force_even=True makes the shares differ by at most one node and
+    # cover every node exactly once, which keeps validation and test metrics
+    # exact. The shares follow the partitions' id ranges, so with
+    # partition_graph.py --balance-train they are mostly local nodes.
     ############################################################################
     partition_book = g.get_partition_book()
     splits = {
@@ -213,12 +218,12 @@ def run(args, num_classes):
         for name in ("train", "val", "test")
     }
     in_size = g.ndata["feat"].shape[1]
-    model = DDP(SAGE(in_size, HIDDEN_SIZE, num_classes))
+    model = DDP(SAGE(in_size, HIDDEN_SIZE, plan["num_classes"]))
 
-    train(model, g, splits, args, rank)
+    train(model, g, splits, plan["fanout"], args, rank)
     test_accuracy = evaluate(
-        model, g, splits["test"], args.fanout, args.batch_size,
-        dump_path=_dump_path(args.dump_seeds, f"test_r{rank}.pt"),
+        model, g, splits["test"], plan["fanout"], args.batch_size,
+        dump_path(args.dump_seeds, f"test_r{rank}.pt"),
     )
     if rank == 0:
         print(f"Test Accuracy {test_accuracy:.4f}", flush=True)
@@ -292,6 +297,9 @@ def parse_args(argv=None):
     debug.add_argument(
         "--fail-rank", type=int, default=0, help="See --fail-after-batches."
     )
+    # torch.distributed.launch (used by older DGL tools/launch.py) passes this;
+    # the rank comes from the environment either way.
+    parser.add_argument("--local-rank", "--local_rank", type=int, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -313,8 +321,8 @@ def count_machines(ip_config):
         sys.exit(f"error: --ip-config {ip_config} does not exist")
 
 
-def validate_args(args):
-    """Check the arguments and the partition files; return num_classes.
+def plan_job(args):
+    """Check the arguments against the partition files; return what run needs.
 
     Servers run this too, so a bad config stops every process with the same
     one-line error instead of leaving some waiting for the others.
@@ -322,19 +330,18 @@ def validate_args(args):
     if args.ip_config is None or args.part_config is None:
         sys.exit("error: --ip-config and --part-config are required")
     try:
-        args.fanout = [int(f) for f in args.fanout.split(",")]
+        fanout = [int(f) for f in args.fanout.split(",")]
     except ValueError:
-        sys.exit(f"error: --fanout {args.fanout} is not comma-separated integers")
-    if len(args.fanout) != NUM_LAYERS or any(
-        f == 0 or f < -1 for f in args.fanout
-    ):
+        fanout = []
+    if len(fanout) != NUM_LAYERS or any(f == 0 or f < -1 for f in fanout):
         sys.exit(
-            f"error: --fanout needs {NUM_LAYERS} positive numbers (or -1), "
-            f"got {args.fanout}"
+            f"error: --fanout needs {NUM_LAYERS} comma-separated positive "
+            f"numbers (or -1), one per layer; got {args.fanout}"
         )
-    for name in ("epochs", "batch_size"):
-        if getattr(args, name) < (0 if name == "epochs" else 1):
-            sys.exit(f"error: --{name.replace('_', '-')} {getattr(args, name)} is too small")
+    if args.epochs < 1:
+        sys.exit(f"error: --epochs must be at least 1, got {args.epochs}")
+    if args.batch_size < 1:
+        sys.exit(f"error: --batch-size must be at least 1, got {args.batch_size}")
     if args.lr <= 0:
         sys.exit(f"error: --lr must be positive, got {args.lr}")
     num_samplers = int(os.environ.get("DGL_NUM_SAMPLER", "0"))
@@ -352,25 +359,29 @@ def validate_args(args):
             f"error: --part-config has {config['num_parts']} partitions but "
             f"--ip-config {args.ip_config} lists {num_machines} machines"
         )
-    if args.use_graphbolt and "part_graph_graphbolt" not in config["part-0"]:
+    if args.use_graphbolt and "part_graph_graphbolt" not in config.get("part-0", {}):
         sys.exit(
             f"error: --use-graphbolt needs partitions written with "
             f"partition_graph.py --use-graphbolt; {args.part_config} has none"
         )
-    args.graph_name = config["graph_name"]
     info_path = os.path.join(os.path.dirname(args.part_config), DATASET_INFO_FILE)
-    return int(read_json(info_path, "dataset info")["num_classes"])
+    info = read_json(info_path, "dataset info (written by partition_graph.py)")
+    return {
+        "graph_name": config["graph_name"],
+        "num_classes": int(info["num_classes"]),
+        "fanout": fanout,
+    }
 
 
 def main():
     args = parse_args()
-    num_classes = validate_args(args)
+    plan = plan_job(args)
     if args.dump_seeds:
         os.makedirs(args.dump_seeds, exist_ok=True)
     # Servers never return from here; trainers connect to every server.
     dgl.distributed.initialize(args.ip_config, use_graphbolt=args.use_graphbolt)
     try:
-        run(args, num_classes)
+        run(args, plan)
     except BaseException:
         # Leave at once with a non-zero code: a clean teardown (gloo, DGL's
         # exit hook) waits for the other trainers, so it would hang this rank

@@ -6,8 +6,9 @@ DGL's tools/launch.py. To try the same code path on a laptop or in CI, this
 launcher gives each simulated machine what DGL expects from a real one:
 
 - its own network namespace and IP address, joined to the others through a
-  bridge (DGL finds "which machine am I" by matching ip_config addresses
-  against the host's interfaces, so all K machines must not share one);
+  bridge in a hub namespace (DGL finds "which machine am I" by matching
+  ip_config addresses against the host's interfaces, so the K machines must
+  not share one);
 - its own /dev/shm (a private tmpfs in a mount namespace), because servers
   hand their partition to the trainers of their machine through shared memory
   under fixed names, which would collide between machines on one host.
@@ -15,10 +16,11 @@ launcher gives each simulated machine what DGL expects from a real one:
 It then starts the servers and trainers of every machine with the same
 environment variables tools/launch.py sets, streams trainer 0's output
 unchanged to stdout (everything else, prefixed, to stderr), and stops the job
-as soon as any process fails. Every namespace and process it created is
-removed at the end, on failure, on Ctrl-C and on timeout. Needs root and
-iproute2 (ip, unshare, nsenter). Nothing leaves the namespaces: the bridge
-has no route to any other network.
+as soon as any process fails. Every process it created is stopped at the end,
+on failure, on Ctrl-C, on timeout and (by SIGKILL from the kernel) when the
+launcher itself is killed; the namespaces have no names and vanish with their
+processes. Needs root, iproute2 and util-linux (ip, unshare, nsenter, setpriv). Nothing
+leaves the namespaces: the bridge has no route to any other network.
 
     python scripts/launch_local.py --part-config partitions/synthetic/synthetic.json \
         --num-machines 2 --trainers-per-machine 1 -- --epochs 10 --batch-size 1024
@@ -29,13 +31,13 @@ Arguments after `--` go to the training script; the launcher adds
 Call tree:
 main
 ├── parse_args / validate_args / check_prerequisites
-├── plan_job                  addresses, ports, namespace names, environments
+├── plan_job                  addresses, ports, environments of every process
 └── run_job                   (always cleans up in finally)
-    ├── create_network        netns per machine + bridge in a hub netns
-    ├── start_machine_holder  mount namespace with private /dev/shm per machine
+    ├── start_holder          namespaces: a hub with a bridge, one per machine
+    ├── link_machines         veth pairs from the machines to the bridge
     ├── start_process         servers, then trainers, via nsenter
     ├── wait_for_job          first failure or the timeout stops everything
-    └── cleanup               kill process groups, delete namespaces
+    └── cleanup               kill the process groups (namespaces go with them)
 """
 import argparse
 import json
@@ -56,6 +58,9 @@ DEFAULT_SCRIPT = os.path.join(os.path.dirname(__file__), "dist_node_classificati
 MACHINE_IFNAME = "eth0"
 # After the trainers finish, servers need a moment to receive the shutdown.
 SERVER_EXIT_GRACE_S = 30
+# Prefix for every child: the kernel SIGKILLs it if the launcher dies, even by
+# SIGKILL, so no process (and so no namespace) outlives the launcher.
+DIE_WITH_LAUNCHER = ["setpriv", "--pdeathsig", "KILL", "--"]
 
 
 def parse_args(argv=None):
@@ -147,30 +152,27 @@ def check_prerequisites():
     """Namespaces need root and iproute2/util-linux; say so in one line."""
     if os.geteuid() != 0:
         sys.exit("error: launch_local.py needs root to create network and mount namespaces")
-    missing = [tool for tool in ("ip", "unshare", "nsenter") if shutil.which(tool) is None]
+    tools = ("ip", "unshare", "nsenter", "setpriv")
+    missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
         sys.exit(f"error: launch_local.py needs {', '.join(missing)} (iproute2, util-linux) on PATH")
 
 
 def plan_job(args, run_id, work_dir):
-    """Decide every name, address, port and environment of the job."""
+    """Decide every address, port and environment of the job; write ip_config."""
     rng = random.Random(run_id)
-    # Unique per run so two jobs never share a name; the namespaces are
-    # private, so the subnet cannot clash with the host's networks.
+    # Varied per run for clarity in logs; the namespaces have no route out,
+    # so the subnet cannot clash with the host's networks or another run.
     subnet = f"10.{rng.randrange(64, 256)}.{rng.randrange(0, 256)}"
     server_port = rng.randrange(20000, 40000)
-    num_machines = args.num_machines
-    num_trainers = num_machines * args.trainers_per_machine
-    num_samplers = read_num_samplers(args.trainer_args)
-    omp_threads = args.omp_threads or max(1, (os.cpu_count() or 1) // num_trainers)
-    machines = [
-        {"id": m, "netns": f"dglsim{run_id}m{m}", "ip": f"{subnet}.{m + 1}"}
-        for m in range(num_machines)
-    ]
+    master_port = server_port + args.servers_per_machine + rng.randrange(1, 1000)
+    machines = [{"id": m, "ip": f"{subnet}.{m + 1}"} for m in range(args.num_machines)]
     ip_config = os.path.join(work_dir, "ip_config.txt")
     with open(ip_config, "w") as f:
         f.writelines(f"{m['ip']} {server_port}\n" for m in machines)
     part_config = os.path.abspath(args.part_config)
+    num_trainers = args.num_machines * args.trainers_per_machine
+    num_samplers = read_num_samplers(args.trainer_args)
     # The variables DGL's tools/launch.py sets for servers and clients.
     common_env = {
         "DGL_NUM_SAMPLER": str(num_samplers),
@@ -180,89 +182,91 @@ def plan_job(args, run_id, work_dir):
         "DGL_NUM_SERVER": str(args.servers_per_machine),
         "DGL_GRAPH_FORMAT": "csc",
     }
+    # All simulated machines share this host's cores.
+    omp_threads = args.omp_threads or max(1, (os.cpu_count() or 1) // num_trainers)
+    processes = server_processes(machines, args.servers_per_machine, server_port, common_env)
+    processes += trainer_processes(
+        machines, args.trainers_per_machine, master_port, omp_threads, common_env
+    )
     command = [sys.executable, os.path.abspath(args.script), *args.trainer_args,
                "--ip-config", ip_config, "--part-config", part_config]
+    return {"machines": machines, "processes": processes,
+            "command": command, "timeout": args.timeout}
+
+
+def server_processes(machines, per_machine, server_port, common_env):
     processes = []
     for machine in machines:
-        for s in range(args.servers_per_machine):
-            server_id = machine["id"] * args.servers_per_machine + s
+        for s in range(per_machine):
             env = dict(common_env, DGL_ROLE="server", OMP_NUM_THREADS="1",
-                       DGL_SERVER_ID=str(server_id))
+                       DGL_SERVER_ID=str(machine["id"] * per_machine + s))
+            # DGL gives a machine's servers consecutive ports.
             processes.append({"name": f"machine {machine['id']} server {s}",
                               "machine": machine, "role": "server", "env": env,
                               "port": server_port + s})
-    master_port = server_port + args.servers_per_machine + rng.randrange(1, 1000)
+    return processes
+
+
+def trainer_processes(machines, per_machine, master_port, omp_threads, common_env):
+    processes = []
     for machine in machines:
-        for t in range(args.trainers_per_machine):
-            rank = machine["id"] * args.trainers_per_machine + t
+        for t in range(per_machine):
+            rank = machine["id"] * per_machine + t
             env = dict(
                 common_env,
                 DGL_DIST_MODE="distributed", DGL_ROLE="client", DGL_GROUP_ID="0",
                 OMP_NUM_THREADS=str(omp_threads),
                 # torch.distributed rendezvous, as torchrun would set it.
                 MASTER_ADDR=machines[0]["ip"], MASTER_PORT=str(master_port),
-                RANK=str(rank), WORLD_SIZE=str(num_trainers),
-                LOCAL_RANK=str(t), LOCAL_WORLD_SIZE=str(args.trainers_per_machine),
+                RANK=str(rank), WORLD_SIZE=str(len(machines) * per_machine),
+                LOCAL_RANK=str(t), LOCAL_WORLD_SIZE=str(per_machine),
                 # gloo must use the machine's own link, not loopback.
                 GLOO_SOCKET_IFNAME=MACHINE_IFNAME,
             )
             processes.append({"name": f"machine {machine['id']} trainer {t} (rank {rank})",
                               "machine": machine, "role": "trainer", "rank": rank, "env": env})
-    return {"machines": machines, "hub": f"dglsim{run_id}hub", "processes": processes,
-            "command": command, "timeout": args.timeout}
+    return processes
 
 
-def ip(*arguments):
-    """Run one iproute2 command; raise with its own message on failure."""
-    result = subprocess.run(["ip", *arguments], capture_output=True, text=True)
+def start_holder(unshare_flags, setup, env):
+    """A sleeping process that owns new, unnamed namespaces.
+
+    The namespaces disappear with it, links included, however the launcher
+    ends: nothing is registered under /run/netns that could be left behind.
+    """
+    script = f"{setup} && echo ready && exec sleep infinity"
+    return subprocess.Popen(
+        [*DIE_WITH_LAUNCHER, "unshare", *unshare_flags, "sh", "-c", script],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )
+
+
+def wait_until_ready(holder, what, timeout):
+    ready, _, _ = select.select([holder.stdout], [], [], timeout)
+    if not ready or holder.stdout.readline().strip() != "ready":
+        holder.kill()
+        raise RuntimeError(f"could not create the namespaces of {what}: "
+                           f"{holder.stderr.read().strip()}")
+
+
+def ip_in(pid, *arguments):
+    """Run one iproute2 command in pid's network namespace."""
+    command = ["nsenter", "--target", str(pid), "--net", "ip", *arguments]
+    result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"ip {' '.join(arguments)}: {result.stderr.strip()}")
 
 
-def create_network(plan, created_netns):
-    """One netns per machine, each linked by a veth pair to a bridge in a hub netns."""
-    hub = plan["hub"]
-    # Recorded before creation, so an interrupt in between still cleans up.
-    created_netns.append(hub)
-    ip("netns", "add", hub)
-    ip("-n", hub, "link", "add", "br0", "type", "bridge")
-    ip("-n", hub, "link", "set", "br0", "up")
-    for machine in plan["machines"]:
-        ns, port = machine["netns"], f"m{machine['id']}"
-        created_netns.append(ns)
-        ip("netns", "add", ns)
-        ip("-n", ns, "link", "add", MACHINE_IFNAME, "type", "veth", "peer", "name", port, "netns", hub)
-        ip("-n", hub, "link", "set", port, "master", "br0", "up")
-        ip("-n", ns, "addr", "add", f"{machine['ip']}/24", "dev", MACHINE_IFNAME)
-        ip("-n", ns, "link", "set", MACHINE_IFNAME, "up")
-        ip("-n", ns, "link", "set", "lo", "up")
-
-
-def _die_with_parent():
-    """Children get SIGKILL if the launcher itself is killed (no orphans)."""
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def start_machine_holder(machine):
-    """A process whose mount namespace (private /dev/shm) the machine's processes join."""
-    script = "mount -t tmpfs tmpfs /dev/shm && echo ready && exec sleep infinity"
-    return subprocess.Popen(
-        ["ip", "netns", "exec", machine["netns"],
-         "unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True, preexec_fn=_die_with_parent,
-    )
-
-
-def wait_until_ready(holder, machine, timeout):
-    ready, _, _ = select.select([holder.stdout], [], [], timeout)
-    if not ready or holder.stdout.readline().strip() != "ready":
-        holder.kill()
-        raise RuntimeError(f"could not create the mount namespace of machine "
-                           f"{machine['id']}: {holder.stderr.read().strip()}")
+def link_machines(hub_pid, machines, machine_pids):
+    """Join each machine to the hub's bridge with a veth pair and give it its address."""
+    for machine in machines:
+        pid, port = machine_pids[machine["id"]], f"m{machine['id']}"
+        ip_in(hub_pid, "link", "add", port, "type", "veth",
+              "peer", "name", MACHINE_IFNAME, "netns", str(pid))
+        ip_in(hub_pid, "link", "set", port, "master", "br0", "up")
+        ip_in(pid, "addr", "add", f"{machine['ip']}/24", "dev", MACHINE_IFNAME)
+        ip_in(pid, "link", "set", MACHINE_IFNAME, "up")
 
 
 def forward_output(proc, name, passthrough):
@@ -275,14 +279,14 @@ def forward_output(proc, name, passthrough):
             sys.stderr.write(f"[{name}] {line}")
 
 
-def start_process(spec, holder_pid, command):
-    env = dict(os.environ, **spec["env"])
+def start_process(spec, holder_pid, command, marked_env):
+    env = dict(marked_env, **spec["env"])
     proc = subprocess.Popen(
-        ["nsenter", "--target", str(holder_pid), "--mount", "--net",
-         f"--wd={os.getcwd()}", "--", *command],
+        [*DIE_WITH_LAUNCHER, "nsenter", "--target", str(holder_pid), "--mount",
+         "--net", f"--wd={os.getcwd()}", "--", *command],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         # Own process group: cleanup also reaches sampler processes it spawns.
-        start_new_session=True, preexec_fn=_die_with_parent,
+        start_new_session=True,
     )
     passthrough = spec.get("rank") == 0
     thread = threading.Thread(target=forward_output, args=(proc, spec["name"], passthrough), daemon=True)
@@ -360,36 +364,43 @@ def kill_group(proc):
     proc.wait()
 
 
-def cleanup(running, holders, created_netns, work_dir):
+def cleanup(running, holders, work_dir):
     for item in running:
         kill_group(item["proc"])
     for item in running:
         item["thread"].join(timeout=5)
+    # The namespaces, the bridge and the veth pairs go with their holders.
     for holder in holders:
         kill_group(holder)
-    for ns in reversed(created_netns):
-        # Deleting a namespace also deletes the veth pairs and bridge inside it.
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     shutil.rmtree(work_dir, ignore_errors=True)
 
 
 def run_job(args, run_id):
     work_dir = tempfile.mkdtemp(prefix=f"dglsim{run_id}-")
-    running, holders, created_netns = [], [], []
+    # Marks every process of this run, so leftovers can be found (the tests do).
+    marked_env = dict(os.environ, DGLSIM_RUN=str(run_id))
+    running, holders = [], []
     try:
         plan = plan_job(args, run_id, work_dir)
         deadline = time.monotonic() + plan["timeout"]
-        create_network(plan, created_netns)
-        holder_pids = {}
+        # The hub holds the bridge; each machine holds its own network stack
+        # and a mount namespace with a private /dev/shm.
+        holders.append(start_holder(
+            ["--net"], "ip link add br0 type bridge && ip link set br0 up", marked_env))
+        wait_until_ready(holders[-1], "the hub", timeout=30)
+        hub_pid, machine_pids = holders[-1].pid, {}
         for machine in plan["machines"]:
-            holders.append(start_machine_holder(machine))
-            wait_until_ready(holders[-1], machine, timeout=30)
-            holder_pids[machine["id"]] = holders[-1].pid
+            holders.append(start_holder(
+                ["--net", "--mount", "--propagation", "private"],
+                "mount -t tmpfs tmpfs /dev/shm && ip link set lo up", marked_env))
+            wait_until_ready(holders[-1], f"machine {machine['id']}", timeout=30)
+            machine_pids[machine["id"]] = holders[-1].pid
+        link_machines(hub_pid, plan["machines"], machine_pids)
         exits = queue.Queue()
         for role in ("server", "trainer"):
             for spec in (spec for spec in plan["processes"] if spec["role"] == role):
-                holder_pid = holder_pids[spec["machine"]["id"]]
-                running.append(start_process(spec, holder_pid, plan["command"]))
+                holder_pid = machine_pids[spec["machine"]["id"]]
+                running.append(start_process(spec, holder_pid, plan["command"], marked_env))
                 threading.Thread(target=watch_exit, args=(running[-1], exits), daemon=True).start()
             if role == "server":
                 wait_until_servers_listen(running, deadline)
@@ -400,7 +411,7 @@ def run_job(args, run_id):
         # A second Ctrl-C must not cut the cleanup short.
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)
-        cleanup(running, holders, created_netns, work_dir)
+        cleanup(running, holders, work_dir)
     return failure
 
 

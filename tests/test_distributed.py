@@ -47,7 +47,7 @@ TEST_LINE = re.compile(r"^Test Accuracy (\d\.\d{4})$", re.MULTILINE)
 def missing_prerequisite():
     if os.geteuid() != 0:
         return "simulated machines need root (network and mount namespaces)"
-    for tool in ("ip", "unshare", "nsenter"):
+    for tool in ("ip", "unshare", "nsenter", "setpriv"):
         if shutil.which(tool) is None:
             return f"simulated machines need {tool} (iproute2, util-linux)"
     return None
@@ -93,21 +93,18 @@ def partitions(tmp_path_factory):
 
 
 def leftovers(run_id):
-    """Namespaces and processes of launcher run_id that still exist."""
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    names = [line.split()[0] for line in netns.stdout.splitlines()
-             if line.startswith(f"dglsim{run_id}")]
-    # Every process of a run has the run's temporary ip_config in its command line.
-    marker = f"/dglsim{run_id}-".encode()
-    procs = []
+    """Processes of launcher run_id that still exist (its namespaces have no
+    names and live only as long as its processes)."""
+    marker = f"DGLSIM_RUN={run_id}".encode()
+    found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if marker in f.read():
-                    procs.append(int(pid))
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    found.append(int(pid))
         except OSError:
             pass
-    return names, procs
+    return found
 
 
 def start_launcher(part_config, num_machines, trainer_args, log_dir, timeout):
@@ -132,8 +129,8 @@ def finish(proc, log_dir, timeout):
         proc.kill()
         proc.wait()
         pytest.fail(f"launcher still running after {timeout} s")
-    names, procs = leftovers(proc.pid)
-    assert names == [] and procs == [], f"left behind: {names} {procs}"
+    left = leftovers(proc.pid)
+    assert left == [], f"processes left behind: {left}"
     return (code, (log_dir / "stdout.txt").read_text(),
             (log_dir / "stderr.txt").read_text())
 
