@@ -32,6 +32,7 @@ main
 ├── load_dataset               OnDiskDataset directory or BuiltinDataset name
 ├── dataset_to_dgl_graph       CSC graph + feat + label + train/val/test masks
 │   └── task_set_columns       seed ids and labels of one train/val/test set
+├── read_num_classes
 ├── partition                  dgl.distributed.partition_graph (HIGHLIGHT)
 └── write_dataset_info         dataset_info.json beside the partition config
 """
@@ -94,7 +95,12 @@ def dataset_to_dgl_graph(dataset):
     dst = torch.repeat_interleave(torch.arange(num_nodes), indptr.diff())
     g = dgl.graph((graph.indices.long(), dst), num_nodes=num_nodes)
 
-    g.ndata["feat"] = dataset.feature.read("node", None, "feat")
+    if not dataset.tasks:
+        sys.exit("error: the dataset has no task; a node classification task is needed")
+    try:
+        g.ndata["feat"] = dataset.feature.read("node", None, "feat")
+    except KeyError:
+        sys.exit("error: the dataset has no node feature named feat")
     # Nodes outside every set keep label -1: the trainer never reads them.
     g.ndata["label"] = torch.full((num_nodes,), -1, dtype=torch.int64)
     task = dataset.tasks[0]
@@ -112,6 +118,13 @@ def dataset_to_dgl_graph(dataset):
     return g
 
 
+def read_num_classes(dataset):
+    num_classes = dataset.tasks[0].metadata.get("num_classes")
+    if num_classes is None:
+        sys.exit("error: the dataset's task has no num_classes in metadata.yaml")
+    return int(num_classes)
+
+
 def partition(g, graph_name, num_parts, out_dir, options):
     """Write the partitions; return the partition config path and, for each
     node id of the partitioned graph, the dataset node id it came from."""
@@ -119,8 +132,9 @@ def partition(g, graph_name, num_parts, out_dir, options):
     # (HIGHLIGHT) METIS assigns each node to one machine. Balancing on the
     # train mask gives every machine about the same number of training seeds,
     # so no trainer waits long for the others at each gradient all-reduce.
-    # One halo hop stores each node's in-neighbours with it, so the first
-    # sampling hop needs no network traffic.
+    # One halo hop keeps every in-edge of a machine's nodes (and the ids of
+    # their sources) in its partition, so sampling around its own seeds needs
+    # no network traffic.
     ############################################################################
     orig_nids, _ = dgl.distributed.partition_graph(
         g,
@@ -222,7 +236,7 @@ def main():
         os.path.normpath(args.dataset)
     )
     g = dataset_to_dgl_graph(dataset)
-    num_classes = int(dataset.tasks[0].metadata["num_classes"])
+    num_classes = read_num_classes(dataset)
     print(
         f"Graph {graph_name}: {g.num_nodes()} nodes, {g.num_edges()} edges, "
         f"{int(g.ndata['train_mask'].sum())} train / "

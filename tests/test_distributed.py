@@ -214,7 +214,7 @@ def test_partition_outputs(partitions):
 @pytest.mark.parametrize("make_bad, message", [
     (lambda tmp: tmp / "absent", "does not exist"),
     (lambda tmp: tmp, "no metadata.yaml"),
-])
+], ids=["missing directory", "no metadata.yaml"])
 def test_partition_rejects_bad_dataset(tmp_path, make_bad, message):
     bad = make_bad(tmp_path)
     done = run_script(
