@@ -91,12 +91,14 @@ def _gloo_worker(rank, world_size, port, fn, args, out_dir):
         world_size=world_size, rank=rank,
         timeout=datetime.timedelta(seconds=60),
     )
+    from node_classification import destroy_process_group
+
     try:
         torch.save(fn(rank, *args), os.path.join(out_dir, f"{rank}.pt"))
         # Rank 0 hosts the rendezvous store: nobody leaves before all are done.
         dist.barrier()
     finally:
-        dist.destroy_process_group()
+        destroy_process_group()
 
 
 def run_gloo_group(fn, world_size, tmp_path, *args):
