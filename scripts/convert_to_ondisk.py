@@ -138,14 +138,6 @@ def load_edges(path):
 # ------------------------------------------------------------ the command
 
 
-def fractions(text):
-    """argparse type for --split."""
-    try:
-        return ondisk.parse_fractions(text)
-    except ondisk.DatasetError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n")[0],
@@ -158,7 +150,7 @@ def parse_args(argv=None):
     parser.add_argument("--train-idx", help="train node ids .npy")
     parser.add_argument("--val-idx", help="validation node ids .npy")
     parser.add_argument("--test-idx", help="test node ids .npy")
-    parser.add_argument("--split", type=fractions, help="random train,val,test fractions (default 0.6,0.2,0.2)")
+    parser.add_argument("--split", type=ondisk.split_argument, help="random train,val,test fractions (default 0.6,0.2,0.2)")
     parser.add_argument("--num-classes", type=int, help="number of classes (default: max label + 1)")
     parser.add_argument("--add-reverse-edges", action="store_true", help="make every edge go both ways")
     parser.add_argument("--drop-self-loops", action="store_true", help="remove src == dst edges")

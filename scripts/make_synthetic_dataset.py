@@ -109,14 +109,6 @@ def positive(kind):
     return parse
 
 
-def fractions(text):
-    """argparse type for --split."""
-    try:
-        return ondisk.parse_fractions(text)
-    except ondisk.DatasetError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out_dir", help="dataset directory to create")
@@ -124,7 +116,7 @@ def parse_args(argv=None):
     parser.add_argument("--avg-degree", type=positive(float), default=10, help="average in-degree")
     parser.add_argument("--feat-dim", type=positive(int), default=100)
     parser.add_argument("--num-classes", type=positive(int), default=10)
-    parser.add_argument("--split", type=fractions, default=(0.6, 0.2, 0.2), help="train,val,test fractions")
+    parser.add_argument("--split", type=ondisk.split_argument, default=(0.6, 0.2, 0.2), help="train,val,test fractions")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     args = parser.parse_args(argv)

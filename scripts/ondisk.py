@@ -24,6 +24,7 @@ the input, the problem and an example bad value. Only vectorised numpy is
 used, so 2M nodes / 20M edges convert in seconds.
 """
 
+import argparse
 import os
 import secrets
 import shutil
@@ -83,6 +84,14 @@ def parse_fractions(text):
     except ValueError:
         raise DatasetError(f"split: expected three numbers like 0.6,0.2,0.2, got {text!r}") from None
     return check_fractions(values)
+
+
+def split_argument(text):
+    """argparse type for the --split option of the dataset scripts."""
+    try:
+        return parse_fractions(text)
+    except DatasetError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def drop_self_loops(edges):
