@@ -47,9 +47,13 @@ main
       └───> Test set evaluation (and model.pt)
 """
 import argparse
+import ctypes
 import inspect
+import itertools
 import json
 import os
+import pickle
+import platform
 import random
 import socket
 import sys
@@ -70,6 +74,7 @@ import torch.nn.functional as F
 import torchmetrics.functional as MF
 import tqdm
 from torch.distributed.algorithms.join import Join
+from torch.multiprocessing.reductions import ForkingPickler
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 BUILTIN_DATASETS = ["cora", "ogbn-arxiv", "ogbn-products", "ogbn-papers100M"]
@@ -198,15 +203,22 @@ def weighted_reduce(tensor, weight, dst=0):
     return tensor / weight
 
 
+def batches(dataloader, rank, max_batches):
+    """The loader's mini-batches, at most `max_batches` of them (--max-batches,
+    for quick runs and scripts/benchmark.py); a progress bar on rank 0."""
+    dataloader = itertools.islice(dataloader, max_batches)
+    return tqdm.tqdm(dataloader) if rank == 0 else dataloader
+
+
 @torch.no_grad()
-def evaluate(rank, model, dataloader, num_classes, device):
+def evaluate(rank, model, dataloader, num_classes, device, max_batches):
     """Returns (number of correct predictions, number of items) on this rank.
     Counting, instead of concatenating predictions, works when a rank
     receives no items at all."""
     model.eval()
     num_correct = torch.tensor(0.0, device=device)
     num_items = 0
-    for data in tqdm.tqdm(dataloader) if rank == 0 else dataloader:
+    for data in batches(dataloader, rank, max_batches):
         blocks = data.blocks
         x = data.node_features["feat"]
         y = data.labels
@@ -251,10 +263,13 @@ def train(
         # samplers that do not. See
         # https://pytorch.org/tutorials/advanced/generic_join.html
         ########################################################################
+        data_wait = 0.0
         with Join([model]):
-            for data in (
-                tqdm.tqdm(train_dataloader) if rank == 0 else train_dataloader
-            ):
+            step_end = time.time()
+            for data in batches(train_dataloader, rank, args.max_batches):
+                # Time spent waiting for the loader: sampling and feature
+                # fetching that its prefetch thread did not hide.
+                data_wait += time.time() - step_end
                 # The input features are from the source nodes in the first
                 # layer's computation graph.
                 x = data.node_features["feat"]
@@ -276,13 +291,19 @@ def train(
 
                 total_loss += loss.detach() * y.size(0)
                 num_train_items += y.size(0)
+                step_end = time.time()
         train_time = time.time() - epoch_start
 
         # Evaluate the model.
         if rank == 0:
             print("Validating...")
         num_correct, num_val_items = evaluate(
-            rank, model, valid_dataloader, num_classes, device
+            rank,
+            model,
+            valid_dataloader,
+            num_classes,
+            device,
+            args.max_batches,
         )
 
         total_loss = weighted_reduce(total_loss, num_train_items)
@@ -292,6 +313,9 @@ def train(
         if device.type == "cuda":
             torch.cuda.synchronize()
         epoch_time = time.time() - epoch_start
+        # Every rank trains the same number of items (the sampler drops
+        # uneven batches), so the world trains this many.
+        seeds_per_second = num_train_items * world_size / train_time
         if rank == 0:
             if args.checkpoint_dir:
                 save_checkpoint(
@@ -303,9 +327,6 @@ def train(
                     checkpoint_config,
                 )
             if args.log_dir:
-                # Every rank trains the same number of items (the sampler
-                # drops uneven batches), so the world trains this many.
-                seeds_per_second = num_train_items * world_size / train_time
                 append_metrics(
                     args.log_dir,
                     {
@@ -321,7 +342,10 @@ def train(
                 f"Epoch {epoch:05d} | "
                 f"Average Loss {total_loss.item():.4f} | "
                 f"Accuracy {acc.item():.4f} | "
-                f"Time {epoch_time:.4f}",
+                f"Time {epoch_time:.4f} | "
+                f"Train Time {train_time:.4f} | "
+                f"Seeds/s {seeds_per_second:.1f} | "
+                f"Data Wait {data_wait:.4f}",
                 flush=True,
             )
         # Nobody goes on until the checkpoint of this epoch is complete.
@@ -356,6 +380,30 @@ def make_gpu_cache(feature, cache_bytes):
     return gb.GPUCachedFeature(feature, max(1, cache_bytes // row_bytes))
 
 
+def keep_freed_memory():
+    """Make glibc's malloc keep freed memory for the next mini-batch.
+
+    By default glibc returns large blocks to the kernel as soon as they are
+    freed, and a thread other than the main one gets blocks over 64 MB
+    straight from the kernel. Each batch's feature and activation tensors
+    (tens to hundreds of MB) are then mapped, zero-filled page by page and
+    unmapped again: on CPU ranks the kernel took nearly as much CPU time as
+    the training. The cost: a rank keeps its peak batch memory between
+    batches. Other C libraries (musl, macOS) have no mallopt: nothing to do."""
+    if platform.libc_ver()[0] != "glibc":
+        return
+    mallopt = ctypes.CDLL(None).mallopt
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
+    # Blocks under 1 GB come from the heap; older glibc caps this at 32 MB.
+    if not mallopt(M_MMAP_THRESHOLD, 1 << 30):
+        mallopt(M_MMAP_THRESHOLD, 32 << 20)
+    # Free memory at the top of the heap goes back only beyond 1 GB.
+    mallopt(M_TRIM_THRESHOLD, 1 << 30)
+    # One heap for all threads, so the data loader's prefetch thread, which
+    # samples and fetches features, reuses memory like the main thread.
+    mallopt(M_ARENA_MAX, 1)
+
+
 def run(rank, plan, args, prepared):
     """One training process. `rank` is its global rank; `prepared` is what
     prepare() returned in the parent, or None under torchrun."""
@@ -372,6 +420,10 @@ def run(rank, plan, args, prepared):
     try:
         if prepared is None:
             prepared = prepare_in_turn(rank, plan, args)
+        # In run(), so that it applies to every rank however it is launched
+        # (and to the loader workers forked from it); after loading, so that
+        # memory freed while loading still goes back to the system.
+        keep_freed_memory()
         train_on_rank(rank, plan["world_size"], plan, args, device, *prepared)
         dist.barrier()
     except Exception:
@@ -395,16 +447,28 @@ def destroy_process_group():
 
 
 def prepare_in_turn(rank, plan, args):
-    """Under torchrun every process loads the dataset itself. Rank 0 goes
-    first (it may download or preprocess into the dataset directory), then
-    the first process of each other node, then everybody else, so that no
-    two processes write the same files at once."""
-    turn = 0 if rank == 0 else (1 if plan["local_rank"] == 0 else 2)
+    """Under torchrun there is no parent to load the dataset once. Rank 0
+    goes first (it may download or preprocess into the dataset directory),
+    then the first process of each other node. Each of them hands the other
+    ranks of its node what it loaded through shared memory, as mp.spawn
+    does: a node holds one copy of the graph and features, not one per rank."""
+    local_rank = plan["local_rank"]
     prepared = None
-    for stage in range(3):
-        if turn == stage:
-            prepared = prepare(args, plan["world_size"])
-        dist.barrier()
+    if rank == 0:
+        prepared = prepare(args, plan["world_size"])
+    dist.barrier()
+    if local_rank == 0 and rank != 0:
+        prepared = prepare(args, plan["world_size"])
+    # torchrun numbers the ranks of a node consecutively.
+    node_group, _ = dist.new_subgroups(plan["local_world_size"])
+    # ForkingPickler moves tensors to shared memory and pickles only their
+    # names. prepare() may have taken the seed from the checkpoint.
+    payload = [None]
+    if local_rank == 0:
+        payload = [bytes(ForkingPickler.dumps((prepared, args.seed)))]
+    dist.broadcast_object_list(payload, src=rank - local_rank, group=node_group)
+    if local_rank != 0:
+        prepared, args.seed = pickle.loads(payload[0])
     return prepared
 
 
@@ -475,7 +539,7 @@ def train_on_rank(
     if rank == 0:
         print("Testing...")
     num_correct, num_test_items = evaluate(
-        rank, model, test_dataloader, num_classes, device
+        rank, model, test_dataloader, num_classes, device, args.max_batches
     )
     test_acc = weighted_reduce(num_correct, num_test_items)
     if rank == 0:
@@ -756,10 +820,11 @@ def plan_run(args, env, cuda_available, num_cuda_devices, num_cores):
         "world_size": world_size,
         "rank_offset": rank_offset,
         "local_rank": local_rank,
+        "local_world_size": local_world_size,
         "devices": devices,
         "init_method": init_method,
         # Upstream's cpu_count // 2 // world_size is 0 on small machines.
-        "threads": max(1, num_cores // local_world_size),
+        "threads": args.threads or max(1, num_cores // local_world_size),
         "notice": notice,
     }
 
@@ -867,6 +932,20 @@ def parse_args(argv=None):
         help="The capacity of the GPU feature cache in bytes (CUDA modes).",
     )
     parser.add_argument(
+        "--threads",
+        type=int_at_least(1),
+        default=None,
+        help="CPU threads per rank for PyTorch and sampling (default: the"
+        " machine's cores divided by the ranks on it).",
+    )
+    parser.add_argument(
+        "--max-batches",
+        type=int_at_least(1),
+        default=None,
+        help="Stop every training epoch and every evaluation after this many"
+        " batches per rank (quick runs, benchmarks). Default: all.",
+    )
+    parser.add_argument(
         "--dataset",
         type=str,
         default="ogbn-products",
@@ -942,8 +1021,11 @@ def main(argv=None):
                 "Note: with --num-workers > 0 sampling runs in worker "
                 "processes that --seed does not reach; runs will differ."
             )
+        # Both launchers hand the dataset to other processes through files
+        # in /dev/shm (the default, file descriptors, can run out of them).
+        mp.set_sharing_strategy("file_system")
         if plan["launcher"] == "torchrun":
-            # Each torchrun process is one rank; it loads the data itself.
+            # Each torchrun process is one rank.
             run(plan["rank_offset"], plan, args, None)
             return
         unit = "gpu" if plan["backend"] == "nccl" else "CPU process"
@@ -960,7 +1042,6 @@ def main(argv=None):
     # Thread limiting to avoid resource competition.
     os.environ["OMP_NUM_THREADS"] = str(plan["threads"])
 
-    mp.set_sharing_strategy("file_system")
     try:
         mp.spawn(
             run,

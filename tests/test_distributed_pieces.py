@@ -77,5 +77,5 @@ def test_evaluate_on_a_rank_without_items_returns_zero_weight():
 
     # An empty loader is what DistributedItemSampler gives a rank whose
     # share of a small evaluation set is empty.
-    correct, count = evaluate(1, Wrapped(), [], 5, torch.device("cpu"))
+    correct, count = evaluate(1, Wrapped(), [], 5, torch.device("cpu"), None)
     assert (correct.item(), count) == (0.0, 0)

@@ -215,8 +215,8 @@ def test_readme_snippet_loads_the_model_and_predicts(small_dataset, tmp_path):
     )
     assert trained.returncode == 0, trained.stderr[-2000:]
     readme = open(os.path.join(REPO, "README.md")).read()
-    start = readme.index("```python\n") + len("```python\n")
-    snippet = readme[start:readme.index("```", start)]
+    blocks = [block.split("```")[0] for block in readme.split("```python\n")[1:]]
+    (snippet,) = [block for block in blocks if "model.pt" in block]
     snippet = snippet.replace("data/synthetic", small_dataset)
     snippet = snippet.replace("runs/a/model.pt", str(run_dir / "model.pt"))
     snippet += "\nprint('predicted', int(predictions.numel()))\n"
