@@ -1,0 +1,615 @@
+"""
+Measure what node_classification.py trains per second on CPU ranks, where its
+time and memory go, and what it adds on top of a bare GraphBolt loop.
+
+    python scripts/make_synthetic_dataset.py /tmp/perf200k --num-nodes 200000 \\
+        --avg-degree 20 --feat-dim 100 --num-classes 10
+    python scripts/benchmark.py --dataset /tmp/perf200k
+    python scripts/benchmark.py --dataset /tmp/perf200k --ranks 1,2 --threads 1,2 \\
+        --num-workers 0,1 --batches 20 --json perf.json
+
+One invocation measures, on the same data:
+  (a) the baseline: a bare single-process GraphBolt loop (ItemSampler,
+      sample_neighbor, fetch_feature, SAGE forward, backward, Adam step; no
+      DDP, no Join, no metrics), with glibc's default allocator ("bare") and,
+      if the script has keep_freed_memory(), with it ("bare+tuned");
+  (b) node_classification.py itself, for every combination of --ranks,
+      --threads (per rank) and --num-workers (per rank), as a user runs it:
+      `--mode cpu-cpu --gpu 0,1,.. --epochs 2 --max-batches N`.
+Every run is its own process tree, launched and watched from here:
+
+main
+├── parse_args
+├── bare_command / script_command      one command line per configuration
+├── measure                            launch, watch, parse the Epoch lines
+│   ├── sample_tree                    CPU times and PSS/USS of every process
+│   └── summarize                      per-batch times, CPU in the training window
+├── print_table
+└── (child) bare_loop                  the baseline, run as `benchmark.py --bare-loop`
+
+Two epochs of N batches each: epoch 0 warms up (first DDP step, fresh heap,
+thread pools) and gives the start-up time; epoch 1 is the measurement.
+Validation and test are cut to N batches as well. What each column means:
+  seeds/s       training seeds per second, all ranks together (epoch 1); with
+                --repeat, the fastest repetition (its row), and
+  worst         the slowest one
+  s/batch       wall time per training batch on rank 0, split into
+  wait          time blocked on the data loader (sampling and feature fetching
+                that its prefetch thread did not hide) and
+  compute       the rest: forward, backward, gradient all-reduce, optimizer
+  user, sys     CPU seconds of the whole process tree inside epoch 1's
+                training loop (sampled every --interval s, interpolated)
+  tree MiB      summed PSS of the process tree during epoch 1's training (its
+                largest sample): what the job occupies, memory shared between
+                ranks counted once
+  peak MiB      the same over the whole run (includes loading the dataset)
+  rank USS      peak memory unique to one rank (largest rank): its heap,
+                not the graph and features it shares with the others
+  launcher      peak USS of the process that ran mp.spawn (it loaded the
+                dataset and waits)
+  start s       from the command to the first training batch (epoch 0); with
+                --repeat, the quickest of the repetitions
+  load          1-minute load average before the run (the machine may be shared)
+
+The script's hooks used here: --max-batches, --threads, and the fields
+" | Train Time T | Seeds/s S | Data Wait W" at the end of each Epoch line.
+"""
+import argparse
+import importlib.util
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import psutil
+
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_SCRIPT = os.path.join(os.path.dirname(SCRIPTS), "node_classification.py")
+EPOCH_LINE = re.compile(
+    r"Epoch (?P<epoch>\d+) \|(?:.*\|)? Time (?P<time>[\d.]+) \| "
+    r"Train Time (?P<train_time>[\d.]+) \| Seeds/s (?P<seeds_per_s>[\d.]+) \| "
+    r"Data Wait (?P<data_wait>[\d.]+)"
+)
+EPOCHS = 2  # epoch 0 warms up, epoch 1 is measured
+
+
+# ----------------------------------------------------------------- baseline
+def bare_loop(args):
+    """The baseline, in its own process: what GraphBolt and one SAGE model do
+    without the example (no DDP, no Join, no metrics, no evaluation). Prints
+    Epoch lines in the script's format so that both are parsed alike."""
+    os.environ.setdefault("DGLBACKEND", "pytorch")
+    if args.bare_loop == "tuned":
+        load_script(args.script).keep_freed_memory()
+    import dgl.graphbolt as gb
+    import dgl.nn as dglnn
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class SAGE(nn.Module):
+        """node_classification.py's model: 3 x SAGEConv-mean, hidden 256."""
+
+        def __init__(self, in_size, hidden_size, out_size):
+            super().__init__()
+            sizes = [in_size, hidden_size, hidden_size, out_size]
+            self.layers = nn.ModuleList(
+                dglnn.SAGEConv(i, o, "mean") for i, o in zip(sizes, sizes[1:])
+            )
+            self.dropout = nn.Dropout(0.5)
+
+        def forward(self, blocks, x):
+            for index, (layer, block) in enumerate(zip(self.layers, blocks)):
+                x = layer(block, x)
+                if index < len(self.layers) - 1:
+                    x = self.dropout(F.relu(x))
+            return x
+
+    torch.set_num_threads(args.threads[0])
+    dataset = gb.OnDiskDataset(args.dataset).load()
+    task = dataset.tasks[0]
+    datapipe = gb.ItemSampler(
+        task.train_set, batch_size=args.batch_size, shuffle=True, drop_last=True
+    )
+    datapipe = datapipe.sample_neighbor(dataset.graph, args.fanout)
+    datapipe = datapipe.fetch_feature(dataset.feature, node_feature_keys=["feat"])
+    # As in the script on CPU: copy_to makes the DataLoader prefetch batches
+    # in a background thread.
+    dataloader = gb.DataLoader(datapipe.copy_to("cpu"), num_workers=0)
+    in_size = dataset.feature.size("node", None, "feat")[0]
+    model = SAGE(in_size, 256, task.metadata["num_classes"])
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
+    for epoch in range(EPOCHS):
+        start = time.time()
+        data_wait, seeds = 0.0, 0
+        step_end = time.time()
+        for data in itertools.islice(dataloader, args.batches):
+            data_wait += time.time() - step_end
+            y_hat = model(data.blocks, data.node_features["feat"])
+            loss = F.cross_entropy(y_hat, data.labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            seeds += data.labels.size(0)
+            step_end = time.time()
+        train_time = time.time() - start
+        print(
+            f"Epoch {epoch:05d} | Time {train_time:.4f} | "
+            f"Train Time {train_time:.4f} | Seeds/s {seeds / train_time:.1f} | "
+            f"Data Wait {data_wait:.4f}",
+            flush=True,
+        )
+
+
+def load_script(path):
+    """node_classification.py as a module (for its keep_freed_memory)."""
+    spec = importlib.util.spec_from_file_location("node_classification", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def script_has_malloc_tuning(path):
+    with open(path) as f:
+        return "def keep_freed_memory(" in f.read()
+
+
+# ----------------------------------------------------------------- commands
+def bare_command(args, threads, allocator):
+    return [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--bare-loop",
+        allocator,
+        "--dataset",
+        args.dataset,
+        "--threads",
+        str(threads),
+        "--batches",
+        str(args.batches),
+        "--batch-size",
+        str(args.batch_size),
+        "--fanout",
+        ",".join(map(str, args.fanout)),
+        "--script",
+        args.script,
+    ]
+
+
+def script_command(args, launcher, ranks, threads, workers):
+    if launcher == "torchrun":
+        start = [sys.executable, "-m", "torch.distributed.run",
+                 f"--nproc-per-node={ranks}", args.script]
+    else:
+        start = [sys.executable, args.script,
+                 "--gpu", ",".join(str(i) for i in range(ranks))]
+    return start + [
+        "--dataset",
+        args.dataset,
+        "--mode",
+        "cpu-cpu",
+        "--threads",
+        str(threads),
+        "--num-workers",
+        str(workers),
+        "--epochs",
+        str(EPOCHS),
+        "--max-batches",
+        str(args.batches),
+        "--batch-size",
+        str(args.batch_size),
+        "--fanout",
+        ",".join(map(str, args.fanout)),
+    ]
+
+
+# ---------------------------------------------------------------- measuring
+def measure(command, env, interval, timeout, roles):
+    """Run `command`, sampling its process tree until it exits. Returns
+    (Epoch line matches with arrival times, samples, launch time, exit code,
+    stderr tail)."""
+    lines = []
+    with tempfile.TemporaryFile() as stderr:
+        launched = time.time()
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=env,
+            text=True,
+            # Its own session, so that a timeout stops exactly this tree.
+            start_new_session=True,
+        )
+        reader = threading.Thread(
+            target=read_lines, args=(process.stdout, lines), daemon=True
+        )
+        reader.start()
+        root = psutil.Process(process.pid)
+        samples = []
+        while process.poll() is None:
+            if time.time() - launched > timeout:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                break
+            samples.append(sample_tree(root, roles))
+            time.sleep(interval)
+        reader.join()
+        stderr.seek(0)
+        tail = stderr.read().decode(errors="replace").splitlines()[-15:]
+    epochs = []
+    for arrived, line in lines:
+        match = EPOCH_LINE.search(line)
+        if match:
+            fields = {k: float(v) for k, v in match.groupdict().items()}
+            epochs.append(dict(fields, arrived=arrived))
+    return epochs, samples, launched, process.returncode, tail
+
+
+def read_lines(stream, lines):
+    for line in stream:
+        lines.append((time.time(), line))
+
+
+def sample_tree(root, roles):
+    """One look at the tree: total CPU times, and PSS/USS per process with
+    its role (launcher, rank or worker)."""
+    sample = {"t": time.time(), "user": 0.0, "system": 0.0, "procs": []}
+    try:
+        processes = [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return sample
+    for process in processes:
+        try:
+            cpu = process.cpu_times()
+            memory = process.memory_full_info()
+            role = process_role(root, process, roles)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        sample["user"] += cpu.user
+        sample["system"] += cpu.system
+        sample["procs"].append(
+            {"pid": process.pid, "role": role, "pss": memory.pss, "uss": memory.uss}
+        )
+    return sample
+
+
+def process_role(root, process, roles):
+    """`roles` says what the root is ("rank" for the bare loop, which trains
+    in the root itself, else "launcher") and how to spot a rank among its
+    children (mp.spawn: spawn_main; torchrun: the script's path). Anything
+    below a rank is one of its data loader workers."""
+    root_role, rank_marker = roles
+    if process.pid == root.pid:
+        return root_role
+    if process.ppid() == root.pid:
+        if rank_marker and rank_marker in " ".join(process.cmdline()):
+            return "rank"
+        return "helper"  # e.g. multiprocessing's resource tracker
+    return "worker"
+
+
+def cpu_at(samples, moment):
+    """Tree CPU times (user, system) at `moment`, linearly interpolated."""
+    for before, after in zip(samples, samples[1:]):
+        if before["t"] <= moment <= after["t"]:
+            share = (moment - before["t"]) / max(after["t"] - before["t"], 1e-9)
+            return tuple(
+                before[k] + share * (after[k] - before[k]) for k in ("user", "system")
+            )
+    return None
+
+
+def summarize(epochs, samples, launched, ranks, batch_size):
+    """The table's numbers from the Epoch lines and the samples."""
+    first, last = epochs[0], epochs[-1]
+    train_start = last["arrived"] - last["time"]
+    train_end = train_start + last["train_time"]
+    seeds = last["seeds_per_s"] * last["train_time"]
+    batches = max(1, round(seeds / (ranks * batch_size)))
+    result = {
+        "seeds_per_s": last["seeds_per_s"],
+        "batches_per_rank": batches,
+        "s_per_batch": last["train_time"] / batches,
+        "wait_per_batch": last["data_wait"] / batches,
+        "compute_per_batch": (last["train_time"] - last["data_wait"]) / batches,
+        # Epoch 0's loop began `time` seconds before its line arrived.
+        "startup_s": first["arrived"] - first["time"] - launched,
+    }
+    cpu_start, cpu_end = cpu_at(samples, train_start), cpu_at(samples, train_end)
+    if cpu_start and cpu_end:
+        result["user_s"] = cpu_end[0] - cpu_start[0]
+        result["sys_s"] = cpu_end[1] - cpu_start[1]
+        result["sys_per_user"] = result["sys_s"] / max(result["user_s"], 1e-9)
+    tree = [(s["t"], sum(p["pss"] for p in s["procs"])) for s in samples]
+    result["tree_pss_peak_mib"] = max(pss for _, pss in tree) / 2**20
+    training = [pss for t, pss in tree if train_start <= t <= train_end]
+    if training:
+        result["tree_pss_train_mib"] = max(training) / 2**20
+    for role in ("rank", "launcher", "worker"):
+        uss = [p["uss"] for s in samples for p in s["procs"] if p["role"] == role]
+        result[f"{role}_uss_peak_mib"] = max(uss) / 2**20 if uss else None
+    return result
+
+
+# ---------------------------------------------------------------- reporting
+COLUMNS = [  # (title, width, format, key)
+    ("run", 22, "", "name"),
+    ("seeds/s", 8, ".0f", "seeds_per_s"),
+    ("worst", 6, ".0f", "worst_seeds_per_s"),
+    ("x bare", 6, ".2f", "vs_bare"),
+    ("x 1rank", 7, ".2f", "vs_one_rank"),
+    ("s/batch", 7, ".3f", "s_per_batch"),
+    ("wait", 6, ".3f", "wait_per_batch"),
+    ("compute", 7, ".3f", "compute_per_batch"),
+    ("user s", 6, ".1f", "user_s"),
+    ("sys s", 6, ".1f", "sys_s"),
+    ("sys/usr", 7, ".0%", "sys_per_user"),
+    ("tree MiB", 8, ".0f", "tree_pss_train_mib"),
+    ("peak MiB", 8, ".0f", "tree_pss_peak_mib"),
+    ("rank USS", 8, ".0f", "rank_uss_peak_mib"),
+    ("launcher", 8, ".0f", "launcher_uss_peak_mib"),
+    ("start s", 7, ".1f", "startup_s"),
+    ("load", 5, ".2f", "load_before"),
+]
+
+
+def print_table(runs):
+    def row(cells):
+        first, *rest = cells
+        return "  ".join([f"{first:<{COLUMNS[0][1]}}"] + [
+            f"{cell:>{width}}" for cell, (_, width, _, _) in zip(rest, COLUMNS[1:])
+        ])
+
+    print(row([title for title, _, _, _ in COLUMNS]))
+    for run in runs:
+        cells = []
+        for _, _, spec, key in COLUMNS:
+            value = run.get(key)
+            cells.append("-" if value is None else format(value, spec))
+        print(row(cells), flush=True)
+
+
+def add_ratios(runs):
+    """x bare: against the bare loop (default allocator) with as many threads
+    per process; x 1rank: against one rank with the same threads and workers."""
+    bare = {
+        r["threads"]: r
+        for r in runs
+        if r["name"].startswith("bare ") and not r["name"].endswith("+tuned")
+    }
+    one_rank = {
+        (r["threads"], r["workers"]): r
+        for r in runs
+        if r.get("ranks") == 1 and "seeds_per_s" in r
+    }
+    for run in runs:
+        if "seeds_per_s" not in run:
+            continue
+        base = bare.get(run["threads"])
+        if base and "seeds_per_s" in base and base is not run:
+            run["vs_bare"] = run["seeds_per_s"] / base["seeds_per_s"]
+        if run.get("ranks"):
+            single = one_rank.get((run["threads"], run["workers"]))
+            if single and single is not run:
+                run["vs_one_rank"] = run["seeds_per_s"] / single["seeds_per_s"]
+
+
+def wait_for_load(threshold, deadline):
+    """Other people's jobs skew CPU timings: wait for a quieter machine (the
+    previous run's own load fades within a minute or two)."""
+    while os.getloadavg()[0] >= threshold and time.time() < deadline:
+        time.sleep(5)
+
+
+# --------------------------------------------------------------------- main
+def int_list(text):
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a list like 1,2") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"'{text}': values must be >= 0")
+    return values
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description="Throughput, CPU and memory of node_classification.py "
+        "against a bare GraphBolt loop."
+    )
+    parser.add_argument("--dataset", required=True, help="OnDiskDataset directory.")
+    parser.add_argument(
+        "--ranks", type=int_list, default=[1, 2], help="Rank counts. Default: 1,2"
+    )
+    parser.add_argument(
+        "--threads", type=int_list, default=[1, 2],
+        help="Threads per rank (and for the bare loop). Default: 1,2",
+    )
+    parser.add_argument(
+        "--num-workers", type=int_list, default=[0],
+        help="Data loader worker processes per rank. Default: 0",
+    )
+    parser.add_argument(
+        "--batches", type=int, default=20,
+        help="Batches per rank per epoch (and per evaluation). Default: 20",
+    )
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--fanout", type=int_list, default=[10, 10, 10])
+    parser.add_argument(
+        "--script", default=DEFAULT_SCRIPT,
+        help="The training script to measure. Default: node_classification.py",
+    )
+    parser.add_argument(
+        "--launcher", choices=["spawn", "torchrun"], default="spawn",
+        help="Start the ranks with the script's mp.spawn (--gpu 0,1,..) or"
+        " with torchrun --nproc-per-node. Default: spawn",
+    )
+    parser.add_argument(
+        "--no-bare", action="store_true", help="Skip the bare-loop baselines."
+    )
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE",
+        help="Extra environment for the script runs (not the baselines), e.g."
+        " MALLOC_ARENA_MAX=1. Repeatable.",
+    )
+    parser.add_argument("--interval", type=float, default=0.25,
+                        help="Seconds between samples of the process tree.")
+    parser.add_argument("--timeout", type=float, default=1800,
+                        help="Seconds before a run is killed.")
+    parser.add_argument(
+        "--repeat", type=int, default=1,
+        help="Run every configuration this many times (round-robin) and"
+        " report the fastest; on a shared machine use 3 or more. Default: 1",
+    )
+    parser.add_argument(
+        "--wait-for-load", type=float, default=None, metavar="LOAD",
+        help="On a shared machine: before each run, wait (at most 10 min)"
+        " until the 1-minute load average is below LOAD.",
+    )
+    parser.add_argument("--json", help="Also write every figure to this file.")
+    parser.add_argument("--bare-loop", choices=["default", "tuned"],
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.batches < 1 or args.batch_size < 1 or args.repeat < 1:
+        parser.error("--batches, --batch-size and --repeat must be at least 1")
+    if any(r < 1 for r in args.ranks) or any(t < 1 for t in args.threads):
+        parser.error("--ranks and --threads must be at least 1")
+    if not os.path.isfile(os.path.join(args.dataset, "metadata.yaml")):
+        parser.error(f"--dataset '{args.dataset}' has no metadata.yaml")
+    if not os.path.isfile(args.script):
+        parser.error(f"--script '{args.script}' does not exist")
+    args.dataset, args.script = os.path.abspath(args.dataset), os.path.abspath(args.script)
+    for item in args.env:
+        if "=" not in item:
+            parser.error(f"--env '{item}': expected NAME=VALUE")
+    return args
+
+
+def plan_runs(args):
+    """(name, command, env overrides, ranks, threads, workers) per run."""
+    runs = []
+    if not args.no_bare:
+        allocators = ["default"]
+        if script_has_malloc_tuning(args.script):
+            allocators.append("tuned")
+        for threads, allocator in itertools.product(args.threads, allocators):
+            name = f"bare {threads}t" + ("" if allocator == "default" else "+tuned")
+            runs.append((name, bare_command(args, threads, allocator), {}, None, threads, 0))
+    extra = dict(item.split("=", 1) for item in args.env)
+    for ranks, threads, workers in itertools.product(
+        args.ranks, args.threads, args.num_workers
+    ):
+        name = f"script {ranks}r x {threads}t" + (f" w{workers}" if workers else "")
+        if args.launcher == "torchrun":
+            name = name.replace("script", "torchrun")
+        command = script_command(args, args.launcher, ranks, threads, workers)
+        runs.append((name, command, extra, ranks, threads, workers))
+    return runs
+
+
+def run_once(args, name, command, extra, ranks, threads, workers):
+    """One measured run: a record of its settings and figures."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads))
+    env.update(extra)
+    if args.wait_for_load is not None:
+        wait_for_load(args.wait_for_load, deadline=time.time() + 600)
+    if not ranks:
+        roles = ("rank", None)
+    elif args.launcher == "torchrun":
+        roles = ("launcher", args.script)
+    else:
+        roles = ("launcher", "spawn_main")
+    load_before = os.getloadavg()[0]
+    epochs, samples, launched, code, tail = measure(
+        command, env, args.interval, args.timeout, roles
+    )
+    record = {
+        "name": name,
+        "ranks": ranks,
+        "threads": threads,
+        "workers": workers,
+        "command": command,
+        "env": extra,
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+        "exit_code": code,
+    }
+    if code == 0 and len(epochs) == EPOCHS and len(samples) > 2:
+        record.update(summarize(epochs, samples, launched, ranks or 1, args.batch_size))
+    else:
+        print(f"{name}: failed (exit code {code}); its last lines:", file=sys.stderr)
+        print("\n".join(tail), file=sys.stderr)
+    print(
+        f"  {name}: {record.get('seeds_per_s', 0):.0f} seeds/s, load "
+        f"{load_before:.2f} -> {record['load_after']:.2f}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return record
+
+
+def best_of(repeats):
+    """The repetition with the most seeds/s (interference from other jobs
+    only ever slows a run down), with the range of all of them."""
+    measured = [r for r in repeats if "seeds_per_s" in r]
+    if not measured:
+        return repeats[-1]
+    best = dict(max(measured, key=lambda r: r["seeds_per_s"]))
+    best["seeds_per_s_all"] = [r["seeds_per_s"] for r in measured]
+    best["worst_seeds_per_s"] = min(best["seeds_per_s_all"])
+    # Start-up is its own measurement: the quickest of all repetitions.
+    best["startup_s_all"] = [r["startup_s"] for r in measured]
+    best["startup_s"] = min(best["startup_s_all"])
+    return best
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.bare_loop:
+        bare_loop(args)
+        return
+    print(
+        f"{args.dataset}: batch {args.batch_size}, fanout "
+        f"{','.join(map(str, args.fanout))}, {args.batches} batches per rank "
+        f"per epoch, best of {args.repeat}; {os.cpu_count()} cores; load "
+        f"{os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    runs = plan_runs(args)
+    repeats = [[] for _ in runs]
+    # Round-robin, so that a busy spell on the machine hits every
+    # configuration rather than all repetitions of one.
+    for _ in range(args.repeat):
+        for run, results in zip(runs, repeats):
+            results.append(run_once(args, *run))
+    records = [best_of(results) for results in repeats]
+    add_ratios(records)
+    print_table(records)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "dataset": args.dataset,
+                    "batch_size": args.batch_size,
+                    "fanout": args.fanout,
+                    "batches": args.batches,
+                    "repeat": args.repeat,
+                    "cores": os.cpu_count(),
+                    "runs": records,
+                    "all_runs": [r for results in repeats for r in results],
+                },
+                f,
+                indent=1,
+            )
+    if any(r["exit_code"] != 0 for results in repeats for r in results):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
