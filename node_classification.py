@@ -700,7 +700,10 @@ def load_checkpoint(directory, config):
         raise UsageError(f"--resume: there is no checkpoint '{path}'")
     try:
         checkpoint = torch.load(path, map_location="cpu")
-        saved_config, epoch = checkpoint["config"], checkpoint["epoch"]
+        missing = {"model", "optimizer", "epoch", "seed", "config"} - set(checkpoint)
+        if missing:
+            raise KeyError(f"no {', '.join(sorted(missing))}")
+        saved_config = checkpoint["config"]
     except Exception as error:
         reason = (str(error).splitlines() or [""])[0]
         raise UsageError(
