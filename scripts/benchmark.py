@@ -11,8 +11,9 @@ time and memory go, and what it adds on top of a bare GraphBolt loop.
 One invocation measures, on the same data:
   (a) the baseline: a bare single-process GraphBolt loop (ItemSampler,
       sample_neighbor, fetch_feature, SAGE forward, backward, Adam step; no
-      DDP, no Join, no metrics), with glibc's default allocator ("bare") and,
-      if the script has keep_freed_memory(), with it ("bare+tuned");
+      DDP, no Join, no metrics), as GraphBolt comes ("bare") and, if the
+      script has keep_freed_memory(), with the script's CPU settings
+      (keep_freed_memory() and poll_less()) applied ("bare+tuned");
   (b) node_classification.py itself, for every combination of --ranks,
       --threads (per rank) and --num-workers (per rank), as a user runs it:
       `--mode cpu-cpu --gpu 0,1,.. --epochs 2 --max-batches N`.
@@ -86,7 +87,11 @@ def bare_loop(args):
     Epoch lines in the script's format so that both are parsed alike."""
     os.environ.setdefault("DGLBACKEND", "pytorch")
     if args.bare_loop == "tuned":
-        load_script(args.script).keep_freed_memory()
+        # The script's CPU settings, each where the script has it.
+        script = load_script(args.script)
+        for setting in ("keep_freed_memory", "poll_less"):
+            if hasattr(script, setting):
+                getattr(script, setting)()
     import dgl.graphbolt as gb
     import dgl.nn as dglnn
     import torch
@@ -148,7 +153,7 @@ def bare_loop(args):
 
 
 def load_script(path):
-    """node_classification.py as a module (for its keep_freed_memory)."""
+    """node_classification.py as a module (for its CPU settings)."""
     spec = importlib.util.spec_from_file_location("node_classification", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -418,8 +423,14 @@ def int_list(text):
     return values
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):
+        # One line naming the bad value, as node_classification.py does.
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description="Throughput, CPU and memory of node_classification.py "
         "against a bare GraphBolt loop."
     )
@@ -478,6 +489,11 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.batches < 1 or args.batch_size < 1 or args.repeat < 1:
         parser.error("--batches, --batch-size and --repeat must be at least 1")
+    if len(args.fanout) != 3:
+        parser.error(
+            f"--fanout '{','.join(map(str, args.fanout))}' needs 3 values,"
+            " one per SAGE layer"
+        )
     if any(r < 1 for r in args.ranks) or any(t < 1 for t in args.threads):
         parser.error("--ranks and --threads must be at least 1")
     if not os.path.isfile(os.path.join(args.dataset, "metadata.yaml")):
