@@ -180,9 +180,8 @@ def seed_epoch(seed, rank, epoch, item_sampler):
     DistributedSampler.set_epoch: the same seed repeats a run, and a resumed
     run shuffles and drops out exactly as an uninterrupted one.
 
-    Limit (dgl 2.1.0): GraphBolt samples in a prefetch thread created per
-    epoch, and its random stream also depends on how many such threads the
-    process made before, so a resumed run samples other neighbors."""
+    Limit (dgl 2.1.0): GraphBolt's per-thread random streams also depend on
+    the process's history, so a resumed run samples other neighbors."""
     epoch_seed = int(
         np.random.SeedSequence([seed, rank, epoch]).generate_state(1)[0]
     )
@@ -407,8 +406,8 @@ def keep_freed_memory():
         mallopt(M_MMAP_THRESHOLD, 32 << 20)
     # Free memory at the top of the heap goes back only beyond 1 GB.
     mallopt(M_TRIM_THRESHOLD, 1 << 30)
-    # One heap for all threads, so the data loader's prefetch thread, which
-    # samples and fetches features, reuses memory like the main thread.
+    # One heap for all threads, so a data loader's prefetch thread (with a
+    # GPU it samples and fetches features) reuses memory like the main one.
     mallopt(M_ARENA_MAX, 1)
 
 
