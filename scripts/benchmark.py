@@ -23,7 +23,7 @@ main
 ├── parse_args
 ├── bare_command / script_command      one command line per configuration
 ├── measure                            launch, watch, parse the Epoch lines
-│   ├── sample_tree                    CPU times and PSS/USS of every process
+│   ├── sample_tree                    CPU times (and PSS/USS) of every process
 │   └── summarize                      per-batch times, CPU in the training window
 ├── print_table
 └── (child) bare_loop                  the baseline, run as `benchmark.py --bare-loop`
@@ -40,10 +40,12 @@ Validation and test are cut to N batches as well. What each column means:
   compute       the rest: forward, backward, gradient all-reduce, optimizer
   user, sys     CPU seconds of the whole process tree inside epoch 1's
                 training loop (sampled every --interval s, interpolated)
-  tree MiB      summed PSS of the process tree during epoch 1's training (its
+  tree MiB      summed PSS of the process tree during epoch 0's training (its
                 largest sample): what the job occupies, memory shared between
-                ranks counted once
-  peak MiB      the same over the whole run (includes loading the dataset)
+                ranks counted once. Memory is not read during epoch 1: each
+                read costs the kernel ~0.1 s of CPU that the ranks would lose
+  peak MiB      the same over the whole run but epoch 1 (includes loading the
+                dataset)
   rank USS      peak memory unique to one rank (largest rank): its heap,
                 not the graph and features it shares with the others
   launcher      peak USS of the process that ran mp.spawn (it loaded the
@@ -242,7 +244,12 @@ def measure(command, env, interval, timeout, roles):
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
                 break
-            samples.append(sample_tree(root, roles))
+            # Reading a process's memory (PSS, USS) makes the kernel walk its
+            # page tables: about 0.1 s of CPU per look at a 2-rank job. That
+            # time is taken from the ranks, so memory is read in every epoch
+            # but the timed one; CPU times cost microseconds.
+            timed = epoch_lines(lines) == EPOCHS - 1
+            samples.append(sample_tree(root, roles, memory=not timed))
             time.sleep(interval)
         reader.join()
         stderr.seek(0)
@@ -261,26 +268,35 @@ def read_lines(stream, lines):
         lines.append((time.time(), line))
 
 
-def sample_tree(root, roles):
-    """One look at the tree: total CPU times, and PSS/USS per process with
-    its role (launcher, rank or worker)."""
-    sample = {"t": time.time(), "user": 0.0, "system": 0.0, "procs": []}
+def epoch_lines(lines):
+    return sum(1 for _, line in list(lines) if EPOCH_LINE.search(line))
+
+
+def sample_tree(root, roles, memory=True):
+    """One look at the tree: total CPU times and, if `memory`, PSS/USS per
+    process with its role (launcher, rank or worker)."""
+    sample = {"t": time.time(), "user": 0.0, "system": 0.0, "procs": None}
     try:
         processes = [root] + root.children(recursive=True)
     except psutil.NoSuchProcess:
         return sample
+    procs = []
     for process in processes:
         try:
             cpu = process.cpu_times()
-            memory = process.memory_full_info()
-            role = process_role(root, process, roles)
+            if memory:
+                info = process.memory_full_info()
+                role = process_role(root, process, roles)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
         sample["user"] += cpu.user
         sample["system"] += cpu.system
-        sample["procs"].append(
-            {"pid": process.pid, "role": role, "pss": memory.pss, "uss": memory.uss}
-        )
+        if memory:
+            procs.append(
+                {"pid": process.pid, "role": role, "pss": info.pss, "uss": info.uss}
+            )
+    if memory:
+        sample["procs"] = procs
     return sample
 
 
@@ -331,13 +347,18 @@ def summarize(epochs, samples, launched, ranks, batch_size):
         result["user_s"] = cpu_end[0] - cpu_start[0]
         result["sys_s"] = cpu_end[1] - cpu_start[1]
         result["sys_per_user"] = result["sys_s"] / max(result["user_s"], 1e-9)
-    tree = [(s["t"], sum(p["pss"] for p in s["procs"])) for s in samples]
+    looked = [s for s in samples if s["procs"] is not None]
+    tree = [(s["t"], sum(p["pss"] for p in s["procs"])) for s in looked]
     result["tree_pss_peak_mib"] = max(pss for _, pss in tree) / 2**20
-    training = [pss for t, pss in tree if train_start <= t <= train_end]
+    # Memory is not read in the timed epoch; the warm-up epoch trains as many
+    # batches of the same size.
+    warm_start = first["arrived"] - first["time"]
+    warm_end = warm_start + first["train_time"]
+    training = [pss for t, pss in tree if warm_start <= t <= warm_end]
     if training:
         result["tree_pss_train_mib"] = max(training) / 2**20
     for role in ("rank", "launcher", "worker"):
-        uss = [p["uss"] for s in samples for p in s["procs"] if p["role"] == role]
+        uss = [p["uss"] for s in looked for p in s["procs"] if p["role"] == role]
         result[f"{role}_uss_peak_mib"] = max(uss) / 2**20 if uss else None
     return result
 

@@ -201,3 +201,35 @@ def test_benchmark_refuses_bad_input(small_dataset, tmp_path, extra, message):
     assert done.returncode == 2
     assert message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+# Prints a warm-up and a timed epoch line, 1 s apart, like the script does.
+TWO_EPOCHS = """
+import time
+for epoch in range(2):
+    time.sleep(1)
+    print(f"Epoch {epoch:05d} | Time 1.0 | Train Time 1.0 | Seeds/s 10.0 | "
+          "Data Wait 0.0", flush=True)
+time.sleep(1)
+"""
+
+
+def test_benchmark_reads_memory_in_every_epoch_but_the_timed_one():
+    # Reading PSS/USS costs the kernel ~0.1 s per look at a 2-rank job, time
+    # the ranks would lose: only CPU times are read in the timed epoch.
+    sys.path.insert(0, SCRIPTS)
+    import benchmark
+
+    epochs, samples, _, code, _ = benchmark.measure(
+        [sys.executable, "-c", TWO_EPOCHS], None, 0.05, 60, ("rank", None)
+    )
+    assert code == 0 and len(epochs) == 2
+    warm, timed = epochs[0]["arrived"], epochs[1]["arrived"]
+    # Samples taken well inside each phase (the reader thread adds latency).
+    before = [s for s in samples if s["t"] < warm - 0.1]
+    during = [s for s in samples if warm + 0.1 < s["t"] < timed - 0.1]
+    after = [s for s in samples if s["t"] > timed + 0.1]
+    assert before and during and after
+    assert all(s["procs"] for s in before + after)
+    assert all(s["procs"] is None for s in during)
+    assert all(s["user"] >= 0 for s in during)
