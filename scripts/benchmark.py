@@ -349,7 +349,8 @@ def summarize(epochs, samples, launched, ranks, batch_size):
         result["sys_per_user"] = result["sys_s"] / max(result["user_s"], 1e-9)
     looked = [s for s in samples if s["procs"] is not None]
     tree = [(s["t"], sum(p["pss"] for p in s["procs"])) for s in looked]
-    result["tree_pss_peak_mib"] = max(pss for _, pss in tree) / 2**20
+    if tree:
+        result["tree_pss_peak_mib"] = max(pss for _, pss in tree) / 2**20
     # Memory is not read in the timed epoch; the warm-up epoch trains as many
     # batches of the same size.
     warm_start = first["arrived"] - first["time"]
