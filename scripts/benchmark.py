@@ -275,28 +275,27 @@ def epoch_lines(lines):
 def sample_tree(root, roles, memory=True):
     """One look at the tree: total CPU times and, if `memory`, PSS/USS per
     process with its role (launcher, rank or worker)."""
-    sample = {"t": time.time(), "user": 0.0, "system": 0.0, "procs": None}
+    procs = [] if memory else None
+    sample = {"t": time.time(), "user": 0.0, "system": 0.0, "procs": procs}
     try:
         processes = [root] + root.children(recursive=True)
     except psutil.NoSuchProcess:
         return sample
-    procs = []
     for process in processes:
         try:
             cpu = process.cpu_times()
             if memory:
                 info = process.memory_full_info()
-                role = process_role(root, process, roles)
+                procs.append({
+                    "pid": process.pid,
+                    "role": process_role(root, process, roles),
+                    "pss": info.pss,
+                    "uss": info.uss,
+                })
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
         sample["user"] += cpu.user
         sample["system"] += cpu.system
-        if memory:
-            procs.append(
-                {"pid": process.pid, "role": role, "pss": info.pss, "uss": info.uss}
-            )
-    if memory:
-        sample["procs"] = procs
     return sample
 
 
@@ -326,11 +325,18 @@ def cpu_at(samples, moment):
     return None
 
 
+def training_window(epoch):
+    """When an epoch's training loop ran: it began `time` seconds before the
+    epoch's line arrived and lasted `train_time`."""
+    start = epoch["arrived"] - epoch["time"]
+    return start, start + epoch["train_time"]
+
+
 def summarize(epochs, samples, launched, ranks, batch_size):
     """The table's numbers from the Epoch lines and the samples."""
     first, last = epochs[0], epochs[-1]
-    train_start = last["arrived"] - last["time"]
-    train_end = train_start + last["train_time"]
+    warm_start, warm_end = training_window(first)
+    train_start, train_end = training_window(last)
     seeds = last["seeds_per_s"] * last["train_time"]
     batches = max(1, round(seeds / (ranks * batch_size)))
     result = {
@@ -339,8 +345,7 @@ def summarize(epochs, samples, launched, ranks, batch_size):
         "s_per_batch": last["train_time"] / batches,
         "wait_per_batch": last["data_wait"] / batches,
         "compute_per_batch": (last["train_time"] - last["data_wait"]) / batches,
-        # Epoch 0's loop began `time` seconds before its line arrived.
-        "startup_s": first["arrived"] - first["time"] - launched,
+        "startup_s": warm_start - launched,
     }
     cpu_start, cpu_end = cpu_at(samples, train_start), cpu_at(samples, train_end)
     if cpu_start and cpu_end:
@@ -353,8 +358,6 @@ def summarize(epochs, samples, launched, ranks, batch_size):
         result["tree_pss_peak_mib"] = max(pss for _, pss in tree) / 2**20
     # Memory is not read in the timed epoch; the warm-up epoch trains as many
     # batches of the same size.
-    warm_start = first["arrived"] - first["time"]
-    warm_end = warm_start + first["train_time"]
     training = [pss for t, pss in tree if warm_start <= t <= warm_end]
     if training:
         result["tree_pss_train_mib"] = max(training) / 2**20

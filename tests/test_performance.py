@@ -13,6 +13,7 @@ import torch
 
 from conftest import REPO, SCRIPTS, run_gloo_group
 
+import benchmark
 import node_classification as nc
 
 # In a fresh interpreter: allocate and free 256 MB in the main thread, then
@@ -217,9 +218,6 @@ time.sleep(1)
 def test_benchmark_reads_memory_in_every_epoch_but_the_timed_one():
     # Reading PSS/USS costs the kernel ~0.1 s per look at a 2-rank job, time
     # the ranks would lose: only CPU times are read in the timed epoch.
-    sys.path.insert(0, SCRIPTS)
-    import benchmark
-
     epochs, samples, _, code, _ = benchmark.measure(
         [sys.executable, "-c", TWO_EPOCHS], None, 0.05, 60, ("rank", None)
     )
