@@ -65,10 +65,27 @@ import traceback
 # Without this, importing dgl warns that no backend is configured.
 os.environ.setdefault("DGLBACKEND", "pytorch")
 
-import dgl.graphbolt as gb
-import dgl.nn as dglnn
+import dgl
 import numpy as np
 import torch
+
+# PyPI's torch 2.2.1 is a CUDA 12.1 build, PyPI's dgl a CPU-only one. DGL's
+# CUDA build of the same release comes from DGL's own wheel index.
+INSTALL_CUDA_DGL = (
+    "pip install dgl==2.1.0+cu121 "
+    "-f https://data.dgl.ai/wheels/torch-2.2/cu121/repo.html"
+)
+try:
+    import dgl.graphbolt as gb
+except ImportError as error:
+    # dgl 2.4+ refuses to import GraphBolt's CPU build next to a CUDA torch.
+    print(
+        f"{os.path.basename(sys.argv[0])}: error: {error} (for GPUs: "
+        f"{INSTALL_CUDA_DGL}; for CPU ranks: CUDA_VISIBLE_DEVICES= python ...)",
+        file=sys.stderr,
+    )
+    sys.exit(2)
+import dgl.nn as dglnn
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
@@ -161,7 +178,19 @@ def create_dataloader(
     if _accepts(gb.NeighborSampler.__init__, "asynchronous"):
         sampler_options["asynchronous"] = storage != "cpu"
     datapipe = datapipe.sample_neighbor(graph, fanout, **sampler_options)
-    datapipe = datapipe.fetch_feature(features, node_feature_keys=["feat"])
+    # GraphBolt overlaps feature fetching on a CUDA stream whenever torch has
+    # CUDA, even for a CPU rank (where a CPU-only DGL then crashes): only
+    # ranks that train on a GPU ask for it. dgl 2.4 has the knob here,
+    # 2.1-2.3 on the DataLoader.
+    on_gpu = device.type == "cuda"
+    fetch_options, loader_options = {}, {}
+    if _accepts(gb.FeatureFetcher.__init__, "overlap_fetch"):
+        fetch_options["overlap_fetch"] = on_gpu
+    if _accepts(gb.DataLoader.__init__, "overlap_feature_fetch"):
+        loader_options["overlap_feature_fetch"] = on_gpu
+    datapipe = datapipe.fetch_feature(
+        features, node_feature_keys=["feat"], **fetch_options
+    )
     # GraphBolt's DataLoader runs everything before copy_to in a prefetch
     # thread: here sampling and feature fetching. That overlaps them with a
     # GPU's training; on CPU ranks the thread would only compete with
@@ -171,7 +200,7 @@ def create_dataloader(
     if storage == "cpu" and device.type == "cuda":
         datapipe = datapipe.copy_to(device)
     # The item sampler is returned too, to be reseeded every epoch.
-    return gb.DataLoader(datapipe, num_workers), item_sampler
+    return gb.DataLoader(datapipe, num_workers, **loader_options), item_sampler
 
 
 def seed_epoch(seed, rank, epoch, item_sampler):
@@ -256,7 +285,7 @@ def train(
     for epoch in range(start_epoch, args.epochs):
         if args.seed is not None:
             seed_epoch(args.seed, rank, epoch, train_sampler)
-        epoch_start = time.time()
+        epoch_start = synchronized_time(device)
 
         model.train()
         total_loss = torch.tensor(0, dtype=torch.float, device=device)
@@ -274,8 +303,8 @@ def train(
         with Join([model]):
             step_end = time.time()
             for data in batches(train_dataloader, rank, args.max_batches):
-                # Time spent waiting for the loader: sampling and feature
-                # fetching that no prefetch thread hid.
+                # Host time spent waiting for the loader: sampling and
+                # feature fetching that no prefetch thread hid.
                 data_wait += time.time() - step_end
                 # The input features are from the source nodes in the first
                 # layer's computation graph.
@@ -299,7 +328,7 @@ def train(
                 total_loss += loss.detach() * y.size(0)
                 num_train_items += y.size(0)
                 step_end = time.time()
-        train_time = time.time() - epoch_start
+        train_time = synchronized_time(device) - epoch_start
 
         # Evaluate the model.
         if rank == 0:
@@ -316,10 +345,7 @@ def train(
         total_loss = weighted_reduce(total_loss, num_train_items)
         acc = weighted_reduce(num_correct, num_val_items)
 
-        # Synchronize before measuring the epoch time.
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        epoch_time = time.time() - epoch_start
+        epoch_time = synchronized_time(device) - epoch_start
         # Every rank trains the same number of items (the sampler drops
         # uneven batches), so the world trains this many.
         seeds_per_second = num_train_items * world_size / train_time
@@ -357,31 +383,45 @@ def train(
             )
         # Nobody goes on until the checkpoint of this epoch is complete.
         if args.checkpoint_dir:
-            dist.barrier()
+            barrier(device)
+
+
+def synchronized_time(device):
+    """time.time() once the GPU has finished its queued work: CUDA runs
+    asynchronously, so without this a timing measures only the launches."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.time()
 
 
 def place_dataset(dataset, storage, device, gpu_cache_size):
-    """Puts the graph and features where --mode says; optionally fronts the
-    feature with a GPU cache of `gpu_cache_size` bytes."""
-    if storage == "pinned":
-        # Pin the graph and features to enable GPU access.
-        graph = dataset.graph.pin_memory_()
-        features = dataset.feature.pin_memory_()
-    elif storage == "cuda":
-        graph = dataset.graph.to(device)
-        features = dataset.feature.to(device)
-    else:
-        graph, features = dataset.graph, dataset.feature
-    if gpu_cache_size > 0 and storage != "cuda":
-        features[FEAT_KEY] = make_gpu_cache(features[FEAT_KEY], gpu_cache_size)
+    """Puts the graph and features where --mode says; with pinned features,
+    optionally fronts them with a GPU cache of `gpu_cache_size` bytes."""
+    if storage == "cuda":
+        return dataset.graph.to(device), dataset.feature.to(device)
+    if storage == "cpu":
+        return dataset.graph, dataset.feature
+    # Pin the graph and features (in place) to enable GPU access.
+    feat = dataset.feature.read(*FEAT_KEY)
+    graph = dataset.graph.pin_memory_()
+    features = dataset.feature.pin_memory_()
+    if gpu_cache_size > 0:
+        # The loader fetches only "feat": a store of the cached feature
+        # alone works with every GraphBolt release's public API.
+        cached = make_gpu_cache(gb.TorchBasedFeature(feat), gpu_cache_size)
+        features = gb.BasicFeatureStore({FEAT_KEY: cached})
     return graph, features
 
 
 def make_gpu_cache(feature, cache_bytes):
-    # Newer GraphBolt: a function taking bytes. dgl 2.1.0: a class taking rows
-    # (there `gb.gpu_cached_feature` is the module that holds the class).
+    """A GPU cache of `cache_bytes` bytes in front of `feature`, for each
+    GraphBolt API shape, told apart by signature: dgl 2.4+ has a function
+    taking bytes; 2.2.1-2.3 a class taking bytes; 2.1-2.2.0 the same class
+    taking rows (there `gb.gpu_cached_feature` is the module holding it)."""
     if inspect.isfunction(getattr(gb, "gpu_cached_feature", None)):
         return gb.gpu_cached_feature(feature, cache_bytes)
+    if _accepts(gb.GPUCachedFeature.__init__, "max_cache_size_in_bytes"):
+        return gb.GPUCachedFeature(feature, cache_bytes)
     row = feature.read(torch.tensor([0]))
     row_bytes = row.element_size() * row.numel()
     return gb.GPUCachedFeature(feature, max(1, cache_bytes // row_bytes))
@@ -431,33 +471,43 @@ def poll_less(interval=0.001):
 def run(rank, plan, args, prepared):
     """One training process. `rank` is its global rank; `prepared` is what
     prepare() returned in the parent, or None under torchrun."""
-    device = torch.device(plan["devices"][rank - plan["rank_offset"]])
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    torch.set_num_threads(plan["threads"])
-    dist.init_process_group(
-        backend=plan["backend"],
-        init_method=plan["init_method"],
-        world_size=plan["world_size"],
-        rank=rank,
-    )
     try:
+        device = torch.device(plan["devices"][rank - plan["rank_offset"]])
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        torch.set_num_threads(plan["threads"])
+        dist.init_process_group(
+            backend=plan["backend"],
+            init_method=plan["init_method"],
+            world_size=plan["world_size"],
+            rank=rank,
+        )
         if prepared is None:
-            prepared = prepare_in_turn(rank, plan, args)
+            prepared = prepare_in_turn(rank, plan, args, device)
         # In run(), so that they apply to every rank however it is launched
         # (and to the loader workers forked from it); after loading, so that
         # memory freed while loading still goes back to the system.
         keep_freed_memory()
         poll_less()
         train_on_rank(rank, plan["world_size"], plan, args, device, *prepared)
-        dist.barrier()
+        barrier(device)
     except Exception:
         # Report every failing rank here: the launcher shows only one, often
         # a peer's "connection closed" instead of the cause.
         print(f"rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
         raise
     finally:
-        destroy_process_group()
+        if dist.is_initialized():
+            destroy_process_group()
+
+
+def barrier(device):
+    """A barrier that tells NCCL the rank's GPU: before the first NCCL
+    collective torch 2.2 would otherwise guess it, and can hang."""
+    if device.type == "cuda":
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
 
 
 def destroy_process_group():
@@ -471,7 +521,7 @@ def destroy_process_group():
     dist.destroy_process_group()
 
 
-def prepare_in_turn(rank, plan, args):
+def prepare_in_turn(rank, plan, args, device):
     """Under torchrun there is no parent to load the dataset once. Rank 0
     goes first (it may download or preprocess into the dataset directory),
     then the first process of each other node. Each of them hands the other
@@ -481,7 +531,7 @@ def prepare_in_turn(rank, plan, args):
     prepared = None
     if rank == 0:
         prepared = prepare(args, plan["world_size"])
-    dist.barrier()
+    barrier(device)
     if local_rank == 0 and rank != 0:
         prepared = prepare(args, plan["world_size"])
     # torchrun numbers the ranks of a node consecutively.
@@ -784,10 +834,20 @@ def parse_gpu_list(text):
     return ids
 
 
-def plan_run(args, env, cuda_available, num_cuda_devices, num_cores):
+def dgl_has_cuda():
+    """True if this DGL and its GraphBolt library can run on CUDA. Asks for
+    what only their CUDA builds register (libdgl's `device_api.cuda`,
+    GraphBolt's `set_max_uva_threads` op), so it touches no GPU."""
+    return (
+        dgl.get_global_func("device_api.cuda", allow_missing=True) is not None
+        and hasattr(torch.ops.graphbolt, "set_max_uva_threads")
+    )
+
+
+def plan_run(args, env, cuda_available, dgl_cuda, num_cuda_devices, num_cores):
     """The one place that decides devices, backend, world size, rendezvous
-    and threads. Everything it needs comes in as arguments so that every
-    mode can be checked without a GPU.
+    and threads. Everything it needs comes in as arguments (torch's CUDA,
+    DGL's CUDA) so that every case can be checked without a GPU.
 
     Returns a dict: mode, storage ("cpu", "pinned" or "cuda"), backend,
     launcher ("spawn" or "torchrun"), world_size, rank_offset, local_rank,
@@ -796,22 +856,41 @@ def plan_run(args, env, cuda_available, num_cuda_devices, num_cores):
     None)."""
     mode, notice = args.mode, None
     if mode == "auto":
-        mode = "pinned-cuda" if cuda_available else "cpu-cpu"
+        mode = "pinned-cuda" if cuda_available and dgl_cuda else "cpu-cpu"
         if not cuda_available:
             notice = (
                 "CUDA is not available: using --mode cpu-cpu "
                 "(one CPU process per --gpu entry, gloo backend)."
             )
+        elif not dgl_cuda:
+            notice = (
+                f"torch sees {num_cuda_devices} GPU(s), but this DGL is a "
+                "CPU-only build: using --mode cpu-cpu (one CPU process per "
+                f"--gpu entry, gloo backend). To train on the GPUs: "
+                f"{INSTALL_CUDA_DGL}"
+            )
     storage, train_device = mode.split("-")
     if train_device == "cuda" and not cuda_available:
         raise UsageError(
-            f"--mode {mode} needs CUDA, but no CUDA device is available "
-            "(is this DGL's CPU build?); use --mode cpu-cpu or auto"
+            f"--mode {mode} needs CUDA, but no CUDA device is available; "
+            "use --mode cpu-cpu or auto"
         )
-    if args.gpu_cache_size > 0 and train_device != "cuda":
+    if train_device == "cuda" and not dgl_cuda:
+        raise UsageError(
+            f"--mode {mode} needs CUDA, but this DGL is a CPU-only build "
+            f"(as PyPI's is); install DGL's CUDA build: {INSTALL_CUDA_DGL}"
+        )
+    if args.gpu_cache_size > 0 and storage != "pinned":
         raise UsageError(
             f"--gpu-cache-size {args.gpu_cache_size} needs a CUDA training "
-            f"device, but --mode is {mode}"
+            f"device with pinned features (--mode pinned-cuda), but --mode "
+            f"is {mode}"
+        )
+    if args.num_workers > 0 and storage != "cpu":
+        raise UsageError(
+            f"--num-workers {args.num_workers}: with --mode {mode} sampling "
+            "runs on the GPU, which worker processes cannot do; use "
+            "--num-workers 0"
         )
 
     torchrun = all(key in env for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
@@ -840,6 +919,8 @@ def plan_run(args, env, cuda_available, num_cuda_devices, num_cores):
     else:
         devices = ["cpu"] * len(device_ids)
 
+    # Upstream's cpu_count // 2 // world_size is 0 on small machines.
+    threads = args.threads or max(1, num_cores // local_world_size)
     return {
         "mode": mode,
         "storage": storage,
@@ -851,8 +932,13 @@ def plan_run(args, env, cuda_available, num_cuda_devices, num_cores):
         "local_world_size": local_world_size,
         "devices": devices,
         "init_method": init_method,
-        # Upstream's cpu_count // 2 // world_size is 0 on small machines.
-        "threads": args.threads or max(1, num_cores // local_world_size),
+        "threads": threads,
+        # Set before spawning: CPU ranks see no GPU, so no library starts
+        # CUDA in them (under torchrun the ranks already run).
+        "rank_env": {
+            "OMP_NUM_THREADS": str(threads),
+            **({"CUDA_VISIBLE_DEVICES": ""} if train_device == "cpu" else {}),
+        },
         "notice": notice,
     }
 
@@ -1038,6 +1124,7 @@ def main(argv=None):
             args,
             os.environ,
             torch.cuda.is_available(),
+            dgl_has_cuda(),
             torch.cuda.device_count(),
             len(os.sched_getaffinity(0)),
         )
@@ -1067,8 +1154,8 @@ def main(argv=None):
         print(f"{os.path.basename(sys.argv[0])}: error: {error}", file=sys.stderr)
         sys.exit(2)
 
-    # Thread limiting to avoid resource competition.
-    os.environ["OMP_NUM_THREADS"] = str(plan["threads"])
+    # Thread limiting to avoid resource competition; no GPU in CPU ranks.
+    os.environ.update(plan["rank_env"])
 
     try:
         mp.spawn(

@@ -11,6 +11,11 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "node_classification.py")
 SCRIPTS = os.path.join(REPO, "scripts")
+# On PYTHONPATH, makes every process look like a GPU machine with PyPI's
+# wheels: torch reports GPUs, DGL is the CPU-only build (see its docstring).
+FAKE_CUDA = os.path.join(REPO, "tests", "fake_cuda")
+# What hides every GPU from a process, on any machine.
+NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
 sys.path.insert(0, REPO)
 sys.path.insert(0, SCRIPTS)
 
@@ -54,6 +59,15 @@ def small_dataset(synthetic):
     return synthetic(
         "small", "--num-nodes", 3000, "--feat-dim", 32, "--num-classes", 10
     )
+
+
+@pytest.fixture
+def no_cuda(monkeypatch):
+    """This test process sees no GPU, whatever the machine has."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
 
 
 def run_example(args, timeout=120, env=None, script=SCRIPT):

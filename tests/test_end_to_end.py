@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from conftest import (
+    NO_GPU,
     REPO,
     SCRIPT,
     epoch_lines,
@@ -22,6 +23,7 @@ from node_classification import free_port
 
 CHANCE = 0.1  # the synthetic datasets here have 10 classes
 FAST = ["--batch-size", 64, "--fanout", "5,5,5"]
+CPU = ["--mode", "cpu-cpu"]  # CPU ranks on any machine, GPUs or not
 
 
 def check_upstream_output(result, epochs):
@@ -34,8 +36,10 @@ def check_upstream_output(result, epochs):
 
 
 def test_two_cpu_ranks_learn_and_print_upstream_lines(small_dataset):
+    # `auto` on a machine without CUDA (GPUs, if any, hidden).
     result = run_example(
-        ["--gpu=0,1", "--dataset", small_dataset, "--epochs", 3, *FAST]
+        ["--gpu=0,1", "--dataset", small_dataset, "--epochs", 3, *FAST],
+        env=NO_GPU,
     )
     accuracy = check_upstream_output(result, epochs=3)
     assert "CUDA is not available: using --mode cpu-cpu" in result.stdout
@@ -63,7 +67,7 @@ def test_torchrun_single_node(small_dataset):
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          "--nproc-per-node=2", SCRIPT, "--dataset", small_dataset,
-         "--epochs", "2", *map(str, FAST)],
+         "--epochs", "2", *map(str, FAST + CPU)],
         capture_output=True, text=True, timeout=180, cwd=REPO,
     )
     accuracy = check_upstream_output(result, epochs=2)
@@ -78,7 +82,7 @@ def test_torchrun_two_nodes_on_loopback(small_dataset):
              "--nproc-per-node=1", f"--node-rank={node}",
              "--master-addr=127.0.0.1", f"--master-port={port}",
              SCRIPT, "--dataset", small_dataset, "--epochs", "2",
-             *map(str, FAST)],
+             *map(str, FAST + CPU)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             cwd=REPO,
         )
@@ -106,7 +110,8 @@ def test_an_exception_in_one_rank_fails_the_job(small_dataset, tmp_path):
     np.save(labels_path, labels)
     start = time.time()
     result = run_example(
-        ["--gpu=0,1", "--dataset", broken, "--epochs", 3, *FAST], timeout=90
+        ["--gpu=0,1", "--dataset", broken, "--epochs", 3, *FAST, *CPU],
+        timeout=90,
     )
     assert result.returncode != 0
     assert time.time() - start < 60
@@ -120,7 +125,7 @@ def test_an_exception_in_one_rank_fails_the_job(small_dataset, tmp_path):
 def test_a_killed_rank_fails_the_job_promptly(small_dataset):
     job = subprocess.Popen(
         [sys.executable, SCRIPT, "--gpu=0,1", "--dataset", small_dataset,
-         "--epochs", "200", *map(str, FAST)],
+         "--epochs", "200", *map(str, FAST + CPU)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         cwd=REPO,
     )
@@ -145,7 +150,7 @@ def test_mode_needing_cuda_fails_before_spawning_without_cuda(small_dataset):
     start = time.time()
     result = run_example(
         ["--gpu=0,1", "--mode", "pinned-cuda", "--dataset", small_dataset],
-        timeout=60,
+        timeout=60, env=NO_GPU,
     )
     assert result.returncode == 2
     assert "--mode pinned-cuda needs CUDA" in result.stderr
@@ -194,7 +199,7 @@ def rename_feat(metadata):
          "use --batch-size 900 or less"),
     ],
 )
-def test_bad_arguments(small_dataset, capsys, args, message):
+def test_bad_arguments(small_dataset, capsys, no_cuda, args, message):
     import node_classification
 
     with pytest.raises(SystemExit) as exit_info:

@@ -1,13 +1,21 @@
 """plan_run decides devices, backend, world size, rendezvous and threads.
-It takes CUDA availability as arguments, so every mode is checked here
-without a GPU."""
+It takes torch's and DGL's CUDA availability as arguments, so every mode is
+checked here without a GPU."""
 import pytest
 
-from node_classification import UsageError, parse_args, plan_run
+from node_classification import (
+    INSTALL_CUDA_DGL,
+    UsageError,
+    parse_args,
+    plan_run,
+)
 
 
-def plan(argv, cuda=False, num_gpus=0, cores=2, env=None):
-    return plan_run(parse_args(argv), env or {}, cuda, num_gpus, cores)
+def plan(argv, cuda=False, num_gpus=0, cores=2, env=None, dgl_cuda=None):
+    # By default DGL can use CUDA exactly when torch can.
+    dgl_cuda = cuda if dgl_cuda is None else dgl_cuda
+    return plan_run(parse_args(argv), env or {}, cuda, dgl_cuda, num_gpus,
+                    cores)
 
 
 def test_auto_without_cuda_is_cpu_ranks_with_gloo_and_a_notice():
@@ -16,6 +24,28 @@ def test_auto_without_cuda_is_cpu_ranks_with_gloo_and_a_notice():
     assert p["backend"] == "gloo"
     assert p["devices"] == ["cpu", "cpu"] and p["world_size"] == 2
     assert "cpu-cpu" in p["notice"]
+
+
+def test_auto_with_cuda_torch_and_cpu_dgl_is_cpu_ranks_with_install_advice():
+    # PyPI's wheels on a GPU machine: torch has CUDA, DGL does not.
+    p = plan(["--gpu=0,1"], cuda=True, num_gpus=2, dgl_cuda=False)
+    assert p["mode"] == "cpu-cpu" and p["backend"] == "gloo"
+    assert p["devices"] == ["cpu", "cpu"]
+    assert "this DGL is a CPU-only build: using --mode cpu-cpu" in p["notice"]
+    assert INSTALL_CUDA_DGL in p["notice"]
+
+
+def test_auto_with_cuda_dgl_but_no_cuda_torch_is_cpu_ranks():
+    p = plan(["--gpu=0,1"], cuda=False, dgl_cuda=True)
+    assert p["mode"] == "cpu-cpu" and "CUDA is not available" in p["notice"]
+
+
+def test_cpu_ranks_see_no_gpu_and_gpu_ranks_see_theirs():
+    cpu = plan(["--gpu=0,1"], cuda=True, num_gpus=2, dgl_cuda=False)
+    assert cpu["rank_env"] == {"OMP_NUM_THREADS": "1",
+                               "CUDA_VISIBLE_DEVICES": ""}
+    gpu = plan(["--gpu=0,1"], cuda=True, num_gpus=2)
+    assert gpu["rank_env"] == {"OMP_NUM_THREADS": "1"}
 
 
 def test_auto_with_cuda_is_pinned_cuda_with_nccl():
@@ -40,6 +70,17 @@ def test_cuda_modes_with_cuda(mode, storage):
 def test_cuda_modes_without_cuda_are_refused(mode):
     with pytest.raises(UsageError, match=f"--mode {mode} needs CUDA"):
         plan(["--mode", mode])
+    with pytest.raises(UsageError, match=f"--mode {mode} needs CUDA"):
+        plan(["--mode", mode], dgl_cuda=True)
+
+
+@pytest.mark.parametrize("mode", ["cpu-cuda", "pinned-cuda", "cuda-cuda"])
+def test_cuda_modes_with_a_cpu_only_dgl_are_refused_with_install_advice(mode):
+    with pytest.raises(UsageError) as refused:
+        plan(["--mode", mode], cuda=True, num_gpus=2, dgl_cuda=False)
+    assert f"--mode {mode} needs CUDA, but this DGL is a CPU-only build" in (
+        str(refused.value))
+    assert INSTALL_CUDA_DGL in str(refused.value)
 
 
 def test_cpu_cpu_with_cuda_present_still_uses_gloo_on_cpu():
@@ -52,11 +93,25 @@ def test_missing_gpu_id_is_refused():
         plan(["--gpu=0,2"], cuda=True, num_gpus=2)
 
 
-def test_gpu_cache_needs_a_cuda_training_device():
+def test_gpu_cache_needs_pinned_features_on_a_cuda_device():
     with pytest.raises(UsageError, match="--gpu-cache-size 1000"):
         plan(["--gpu-cache-size", "1000"])
     p = plan(["--gpu-cache-size", "1000"], cuda=True, num_gpus=1)
-    assert p["backend"] == "nccl"
+    assert p["backend"] == "nccl" and p["storage"] == "pinned"
+    # cpu-cuda fetches features before the ids reach the GPU; cuda-cuda has
+    # the features on the GPU already: refused, never silently ignored.
+    for mode in ("cpu-cuda", "cuda-cuda"):
+        with pytest.raises(UsageError, match=f"but --mode is {mode}"):
+            plan(["--gpu-cache-size", "1000", "--mode", mode], cuda=True,
+                 num_gpus=1)
+
+
+@pytest.mark.parametrize("mode", ["pinned-cuda", "cuda-cuda"])
+def test_workers_are_refused_where_sampling_runs_on_the_gpu(mode):
+    with pytest.raises(UsageError, match="--num-workers 2: with --mode"):
+        plan(["--num-workers", "2", "--mode", mode], cuda=True, num_gpus=1)
+    for ok in ("cpu-cuda", "cpu-cpu"):
+        plan(["--num-workers", "2", "--mode", ok], cuda=True, num_gpus=1)
 
 
 @pytest.mark.parametrize("gpu", ["a", "0,,1", "0,0", "-1"])

@@ -20,7 +20,8 @@ from conftest import (
     run_example,
 )
 
-FAST = ["--gpu=0,1", "--batch-size", "64", "--fanout", "5,5,5"]
+FAST = ["--gpu=0,1", "--mode", "cpu-cpu", "--batch-size", "64", "--fanout",
+        "5,5,5"]
 
 
 def metrics_without_time(stdout):

@@ -1,0 +1,148 @@
+"""A machine with GPUs set up from the README: PyPI's torch (CUDA 12.1 build)
+sees the GPUs, PyPI's dgl is a CPU-only build. Reproduced without a GPU by
+tests/fake_cuda (torch reports 2 GPUs in every process), plus the CUDA-only
+decisions that no CPU run reaches: cache sizes per GraphBolt API shape and a
+rank that fails before training starts."""
+import inspect
+import os
+import subprocess
+import sys
+import time
+import types
+
+import dgl.graphbolt as gb
+import pytest
+import torch
+
+import node_classification as nc
+from conftest import (
+    FAKE_CUDA,
+    REPO,
+    reported_test_accuracy,
+    run_example,
+    run_gloo_group,
+)
+
+FAST = ["--batch-size", 64, "--fanout", "5,5,5"]
+
+
+def fake_gpu_machine():
+    path = os.pathsep.join(filter(None, [FAKE_CUDA, os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path}
+
+
+def test_the_fake_is_a_cuda_torch_with_a_cpu_only_dgl():
+    probe = subprocess.run(
+        [sys.executable, "-c",
+         "import torch, node_classification as nc; "
+         "print(torch.cuda.is_available(), torch.cuda.device_count(), "
+         "nc.dgl_has_cuda())"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+        env={**os.environ, **fake_gpu_machine()},
+    )
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert probe.stdout.split()[-3:] == ["True", "2", "False"]
+
+
+def test_auto_trains_on_cpu_ranks_and_says_how_to_get_gpus(small_dataset):
+    result = run_example(
+        ["--gpu=0,1", "--dataset", small_dataset, "--epochs", 3, "--seed", 0,
+         *FAST],
+        env=fake_gpu_machine(),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    notice = [line for line in result.stdout.splitlines()
+              if "this DGL is a CPU-only build" in line]
+    assert len(notice) == 1 and nc.INSTALL_CUDA_DGL in notice[0]
+    assert "Training with 2 CPU processes." in result.stdout
+    # As on a machine without GPUs (test_end_to_end): chance is 0.1.
+    assert reported_test_accuracy(result.stdout) > 0.5, result.stdout
+
+
+@pytest.mark.parametrize("mode", ["pinned-cuda", "cpu-cuda", "cuda-cuda"])
+def test_cuda_modes_are_refused_before_spawning(small_dataset, mode):
+    start = time.time()
+    result = run_example(
+        ["--gpu=0,1", "--mode", mode, "--dataset", small_dataset],
+        env=fake_gpu_machine(), timeout=60,
+    )
+    assert result.returncode == 2
+    error = result.stderr.strip()
+    assert len(error.splitlines()) == 1, error
+    assert f"--mode {mode} needs CUDA, but this DGL is a CPU-only build" in error
+    assert nc.INSTALL_CUDA_DGL in error
+    assert "Training" not in result.stdout
+    assert time.time() - start < 30
+
+
+def _build_cpu_loader_where_torch_claims_cuda(rank, dataset_dir):
+    # dgl 2.1.0's DataLoader called a CUDA-only GraphBolt op here whenever
+    # torch had CUDA, even for CPU ranks.
+    torch.cuda.is_available = lambda: True
+    dataset = gb.OnDiskDataset(dataset_dir).load()
+    loader, _ = nc.create_dataloader(
+        dataset.graph, dataset.feature, dataset.tasks[0].train_set,
+        torch.device("cpu"), "cpu", True, 64, [5, 5, 5], 0,
+    )
+    return type(loader).__name__
+
+
+def test_cpu_loader_builds_where_torch_has_cuda_and_dgl_does_not(
+    small_dataset, tmp_path
+):
+    assert not hasattr(torch.ops.graphbolt, "set_max_uva_threads")
+    built = run_gloo_group(
+        _build_cpu_loader_where_torch_claims_cuda, 1, tmp_path, small_dataset
+    )
+    assert built == ["DataLoader"]
+
+
+def test_a_rank_that_fails_before_training_prints_its_own_cause(capsys):
+    args = nc.parse_args(["--gpu=7", "--mode", "cuda-cuda"])
+    plan = nc.plan_run(args, {}, True, True, 8, 2)
+    with pytest.raises(Exception):
+        # No GPU 7 here (nor, usually, on a GPU machine): set_device fails.
+        nc.run(0, plan, args, prepared=None)
+    error = capsys.readouterr().err
+    assert error.startswith("rank 0 failed:\nTraceback")
+    assert "set_device" in error
+
+
+class _Rows:
+    """dgl 2.1.0's GPUCachedFeature constructor: a size in rows."""
+
+    def __init__(self, fallback_feature, cache_size):
+        self.size = ("rows", cache_size)
+
+
+class _Bytes:
+    """dgl 2.2.1-2.3's GPUCachedFeature constructor: a size in bytes."""
+
+    def __init__(self, fallback_feature, max_cache_size_in_bytes):
+        self.size = ("bytes", max_cache_size_in_bytes)
+
+
+def _function(fallback_features, max_cache_size_in_bytes):
+    """dgl 2.4's gb.gpu_cached_feature."""
+    return types.SimpleNamespace(size=("bytes", max_cache_size_in_bytes))
+
+
+def test_gpu_cache_size_for_each_graphbolt_api_shape(monkeypatch):
+    # The installed dgl 2.1.0 is the rows shape; the stand-in matches it.
+    real = inspect.signature(gb.GPUCachedFeature.__init__).parameters
+    assert list(real) == list(inspect.signature(_Rows.__init__).parameters)
+    feature = gb.TorchBasedFeature(torch.zeros(10, 25))  # 100 bytes a row
+    module = types.ModuleType("gpu_cached_feature")  # what 2.1-2.3 export
+
+    for cached_feature, cls, expected in [
+        (module, _Rows, ("rows", 30)),
+        (module, _Bytes, ("bytes", 3000)),
+        (_function, _Rows, ("bytes", 3000)),
+    ]:
+        monkeypatch.setattr(gb, "gpu_cached_feature", cached_feature)
+        monkeypatch.setattr(gb, "GPUCachedFeature", cls)
+        assert nc.make_gpu_cache(feature, 3000).size == expected
+    # A cache smaller than a row still holds one row.
+    monkeypatch.setattr(gb, "gpu_cached_feature", module)
+    monkeypatch.setattr(gb, "GPUCachedFeature", _Rows)
+    assert nc.make_gpu_cache(feature, 50).size == ("rows", 1)
