@@ -1,40 +1,33 @@
 """
-Train a three-layer GraphSAGE node classifier with one DDP process per device,
-fed by GraphBolt's data loader. It follows DGL's multi-GPU GraphBolt example
-(examples/multigpu/graphbolt/node_classification.py) and also runs without a
-GPU (one CPU process per --gpu entry, gloo backend), offline on a dataset
-directory, and under torchrun.
+This script trains and tests a GraphSAGE model for node classification on
+multiple GPUs with DistributedDataParallel (DDP), fed by GraphBolt's data
+loader. It is DGL's examples/multigpu/graphbolt/node_classification.py, and
+it also runs without a GPU (one CPU process per --gpu entry, gloo backend),
+offline on a dataset directory, and under torchrun.
 
-    # Two GPUs; on a machine without CUDA, two CPU processes:
+    # Two GPUs (DGL's CUDA build, see docs/gpus.md); else two CPU processes:
     python node_classification.py --gpu=0,1
-    # Offline, on a dataset directory (scripts/make_synthetic_dataset.py):
+    # Offline, on a synthetic dataset directory:
+    python scripts/make_synthetic_dataset.py data/synthetic
     python node_classification.py --gpu=0,1 --dataset data/synthetic
-    # Reproducible, checkpointed, resumable, with metrics for plotting:
-    python node_classification.py --gpu=0,1 --dataset data/synthetic \
-        --seed 0 --checkpoint-dir runs/a --log-dir runs/a [--resume]
-    # One process per rank started by torchrun (here: 2 CPU ranks):
+    # One process per rank, started by torchrun:
     torchrun --standalone --nproc-per-node=2 node_classification.py \
         --dataset data/synthetic
 
 This flowchart describes the main functional sequence of the example:
 main
 │
-├───> parse_args, plan_run: check arguments, decide devices, backend,
-│     rendezvous and threads (nothing is spawned on bad input)
+├───> Parse and check arguments, plan devices (nothing spawns on bad input)
 │
-├───> prepare: load (download/preprocess) and check the dataset once, in the
-│     parent; with --resume, load and check the checkpoint
+├───> Load the dataset once (and, with --resume, the checkpoint)
 │
 └───> run (one process per device, or each torchrun process)
       │
       ├───> Init process group and build distributed SAGE model (HIGHLIGHT)
       │
-      ├───> keep_freed_memory, poll_less: CPU settings for the data loader
+      ├───> Get GraphBolt dataloaders with DistributedItemSampler (HIGHLIGHT)
       │
       ├───> train
-      │     │
-      │     ├───> Get GraphBolt dataloader with DistributedItemSampler
-      │     │     (HIGHLIGHT)
       │     │
       │     └───> Training loop under Join (HIGHLIGHT)
       │           │
@@ -42,17 +35,20 @@ main
       │           │
       │           ├───> Validation set evaluation
       │           │
-      │           ├───> Collect accuracy and loss from all ranks (HIGHLIGHT)
-      │           │
-      │           └───> Rank 0: checkpoint, metrics.jsonl, epoch line
+      │           └───> Collect accuracy and loss from all ranks (HIGHLIGHT)
       │
-      └───> Test set evaluation (and model.pt)
+      └───> Test set evaluation
+
+The functions below the "Plumbing" line at the end (device planning, dataset
+checks, checkpoints, CPU settings, the torchrun hand-off) support this path;
+a template user need not read them.
 """
 import argparse
 import ctypes
 import inspect
 import itertools
 import json
+import math
 import os
 import pickle
 import platform
@@ -61,6 +57,7 @@ import socket
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 
 # Without this, importing dgl warns that no backend is configured.
 os.environ.setdefault("DGLBACKEND", "pytorch")
@@ -115,8 +112,6 @@ class SAGE(nn.Module):
         self.layers.append(dglnn.SAGEConv(hidden_size, hidden_size, "mean"))
         self.layers.append(dglnn.SAGEConv(hidden_size, out_size, "mean"))
         self.dropout = nn.Dropout(0.5)
-        self.hidden_size = hidden_size
-        self.out_size = out_size
 
     def forward(self, blocks, x):
         hidden_x = x
@@ -129,99 +124,43 @@ class SAGE(nn.Module):
         return hidden_x
 
 
-def _accepts(callable_, name):
-    """True if `callable_` takes a parameter `name`: how this script tells
-    GraphBolt releases apart (never by parsing version strings)."""
-    return name in inspect.signature(callable_).parameters
-
-
-def create_dataloader(
-    graph,
-    features,
-    itemset,
-    device,
-    storage,
-    is_train,
-    batch_size,
-    fanout,
-    num_workers,
-):
+def create_dataloader(graph, features, itemset, device, storage, is_train, args):
     ############################################################################
-    # [HIGHLIGHT]
-    # Get a GraphBolt dataloader for node classification tasks with multi-gpu
-    # distributed training. DistributedItemSampler instead of ItemSampler should
-    # be used: it gives every rank its own contiguous share of the items, in
+    # (HIGHLIGHT) Get a GraphBolt dataloader for node classification with
+    # multi-process distributed training. DistributedItemSampler instead of
+    # ItemSampler gives every rank its own contiguous share of the items, in
     # whole batches. For training, `drop_last` and `drop_uneven_inputs` give
     # every rank the same number of full batches; for evaluation nothing is
     # dropped, so every item is scored exactly once (some ranks may get none).
     ############################################################################
     item_sampler = gb.DistributedItemSampler(
         item_set=itemset,
-        batch_size=batch_size,
+        batch_size=args.batch_size,
         drop_last=is_train,
         shuffle=is_train,
         drop_uneven_inputs=is_train,
     )
+    # Options that differ between GraphBolt releases, found by signature.
+    options = graphbolt_options(device, storage)
     datapipe = item_sampler
-    # With the graph on the GPU (pinned or device memory) sampling runs there,
-    # so the seeds move first. dgl 2.1.0's copy_to skips seed_nodes unless
-    # asked to; newer releases copy everything and have no `extra_attrs`.
+    # With the graph on the GPU (pinned or device memory) sampling runs
+    # there, so the seeds move first.
     if storage != "cpu":
-        if _accepts(gb.CopyTo.__init__, "extra_attrs"):
-            datapipe = datapipe.copy_to(device, extra_attrs=["seed_nodes"])
-        else:
-            datapipe = datapipe.copy_to(device)
-    # Newer GraphBolt overlaps fetching with sampling; 2.1.0 has no such knobs.
-    sampler_options = {}
-    if _accepts(gb.NeighborSampler.__init__, "overlap_fetch"):
-        sampler_options["overlap_fetch"] = storage == "pinned"
-    if _accepts(gb.NeighborSampler.__init__, "asynchronous"):
-        sampler_options["asynchronous"] = storage != "cpu"
-    datapipe = datapipe.sample_neighbor(graph, fanout, **sampler_options)
-    # GraphBolt overlaps feature fetching on a CUDA stream whenever torch has
-    # CUDA, even for a CPU rank (where a CPU-only DGL then crashes): only
-    # ranks that train on a GPU ask for it. dgl 2.4 has the knob here,
-    # 2.1-2.3 on the DataLoader.
-    on_gpu = device.type == "cuda"
-    fetch_options, loader_options = {}, {}
-    if _accepts(gb.FeatureFetcher.__init__, "overlap_fetch"):
-        fetch_options["overlap_fetch"] = on_gpu
-    if _accepts(gb.DataLoader.__init__, "overlap_feature_fetch"):
-        loader_options["overlap_feature_fetch"] = on_gpu
+        datapipe = datapipe.copy_to(device, **options["copy_to"])
+    datapipe = datapipe.sample_neighbor(
+        graph, args.fanout, **options["sample_neighbor"]
+    )
     datapipe = datapipe.fetch_feature(
-        features, node_feature_keys=["feat"], **fetch_options
+        features, node_feature_keys=["feat"], **options["fetch_feature"]
     )
     # GraphBolt's DataLoader runs everything before copy_to in a prefetch
-    # thread: here sampling and feature fetching. That overlaps them with a
-    # GPU's training; on CPU ranks the thread would only compete with
-    # PyTorch's threads for the rank's cores (--threads), so CPU ranks
-    # sample between steps with those threads (upstream adds copy_to("cpu"),
-    # which copies nothing but starts that thread).
+    # thread, overlapping sampling with a GPU's training. CPU ranks sample
+    # between steps instead, with the rank's own threads (upstream adds
+    # copy_to("cpu"), which copies nothing but starts that thread).
     if storage == "cpu" and device.type == "cuda":
         datapipe = datapipe.copy_to(device)
-    # The item sampler is returned too, to be reseeded every epoch.
-    return gb.DataLoader(datapipe, num_workers, **loader_options), item_sampler
-
-
-def seed_epoch(seed, rank, epoch, item_sampler):
-    """Derives this rank's randomness for one epoch (shuffling, dropout,
-    neighbor sampling) from (seed, rank, epoch), like PyTorch's
-    DistributedSampler.set_epoch: the same seed repeats a run, and a resumed
-    run shuffles and drops out exactly as an uninterrupted one.
-
-    Limit (dgl 2.1.0): GraphBolt's per-thread random streams also depend on
-    the process's history, so a resumed run samples other neighbors."""
-    epoch_seed = int(
-        np.random.SeedSequence([seed, rank, epoch]).generate_state(1)[0]
-    )
-    random.seed(epoch_seed)
-    np.random.seed(epoch_seed)
-    torch.manual_seed(epoch_seed)
-    gb.seed(epoch_seed)
-    # dgl 2.1.0's item sampler shuffles with its own unseeded
-    # np.random.default_rng() and takes no seed argument, so replace it.
-    if hasattr(item_sampler, "_rng"):
-        item_sampler._rng = np.random.default_rng(epoch_seed)
+    dataloader = gb.DataLoader(datapipe, args.num_workers, **options["DataLoader"])
+    return Loader(dataloader, item_sampler, len(itemset), is_train, args)
 
 
 def weighted_reduce(tensor, weight, dst=0):
@@ -239,27 +178,18 @@ def weighted_reduce(tensor, weight, dst=0):
     return tensor / weight
 
 
-def batches(dataloader, rank, max_batches):
-    """The loader's mini-batches, at most `max_batches` of them (--max-batches,
-    for quick runs and scripts/benchmark.py); a progress bar on rank 0."""
-    dataloader = itertools.islice(dataloader, max_batches)
-    return tqdm.tqdm(dataloader) if rank == 0 else dataloader
-
-
 @torch.no_grad()
-def evaluate(rank, model, dataloader, num_classes, device, max_batches):
+def evaluate(rank, model, loader, num_classes, device, name):
     """Returns (number of correct predictions, number of items) on this rank.
     Counting, instead of concatenating predictions, works when a rank
     receives no items at all."""
     model.eval()
     num_correct = torch.tensor(0.0, device=device)
     num_items = 0
-    for data in batches(dataloader, rank, max_batches):
-        blocks = data.blocks
-        x = data.node_features["feat"]
-        y = data.labels
+    for data in loader.batches(rank, name):
         # Call the wrapped module: no DDP hooks, no collectives.
-        y_hat = model.module(blocks, x)
+        y_hat = model.module(data.blocks, data.node_features["feat"])
+        y = data.labels
         accuracy = MF.accuracy(
             y_hat, y, task="multiclass", num_classes=num_classes
         )
@@ -268,28 +198,17 @@ def evaluate(rank, model, dataloader, num_classes, device, max_batches):
     return num_correct, num_items
 
 
-def train(
-    rank,
-    world_size,
-    args,
-    model,
-    optimizer,
-    train_dataloader,
-    train_sampler,
-    valid_dataloader,
-    num_classes,
-    device,
-    start_epoch,
-    checkpoint_config,
-):
-    for epoch in range(start_epoch, args.epochs):
-        if args.seed is not None:
-            seed_epoch(args.seed, rank, epoch, train_sampler)
+def train(rank, world_size, args, job, model, optimizer, loaders, device):
+    num_classes = job.config["num_classes"]
+    for epoch in range(job.start_epoch, args.epochs):
+        if job.seed is not None:
+            seed_epoch(job.seed, rank, epoch, loaders.train.item_sampler)
         epoch_start = synchronized_time(device)
 
         model.train()
         total_loss = torch.tensor(0, dtype=torch.float, device=device)
         num_train_items = 0
+        data_wait = 0.0
         ########################################################################
         # (HIGHLIGHT) Use Join Context Manager to solve uneven input problem.
         #
@@ -299,10 +218,9 @@ def train(
         # samplers that do not. See
         # https://pytorch.org/tutorials/advanced/generic_join.html
         ########################################################################
-        data_wait = 0.0
         with Join([model]):
             step_end = time.time()
-            for data in batches(train_dataloader, rank, args.max_batches):
+            for data in loaders.train.batches(rank, f"train {epoch}"):
                 # Host time spent waiting for the loader: sampling and
                 # feature fetching that no prefetch thread hid.
                 data_wait += time.time() - step_end
@@ -334,14 +252,8 @@ def train(
         if rank == 0:
             print("Validating...")
         num_correct, num_val_items = evaluate(
-            rank,
-            model,
-            valid_dataloader,
-            num_classes,
-            device,
-            args.max_batches,
+            rank, model, loaders.valid, num_classes, device, f"validate {epoch}"
         )
-
         total_loss = weighted_reduce(total_loss, num_train_items)
         acc = weighted_reduce(num_correct, num_val_items)
 
@@ -350,27 +262,6 @@ def train(
         # uneven batches), so the world trains this many.
         seeds_per_second = num_train_items * world_size / train_time
         if rank == 0:
-            if args.checkpoint_dir:
-                save_checkpoint(
-                    args.checkpoint_dir,
-                    model.module,
-                    optimizer,
-                    epoch + 1,
-                    args.seed,
-                    checkpoint_config,
-                )
-            if args.log_dir:
-                append_metrics(
-                    args.log_dir,
-                    {
-                        "epoch": epoch,
-                        "loss": total_loss.item(),
-                        "val_accuracy": acc.item(),
-                        "epoch_time": epoch_time,
-                        "seeds_per_second": seeds_per_second,
-                        "ranks": world_size,
-                    },
-                )
             print(
                 f"Epoch {epoch:05d} | "
                 f"Average Loss {total_loss.item():.4f} | "
@@ -381,17 +272,300 @@ def train(
                 f"Data Wait {data_wait:.4f}",
                 flush=True,
             )
+            record = {
+                "epoch": epoch,
+                "loss": total_loss.item(),
+                "val_accuracy": acc.item(),
+                "epoch_time": epoch_time,
+                "seeds_per_second": seeds_per_second,
+                "ranks": world_size,
+            }
+            save_epoch(args, job, model.module, optimizer, epoch, record)
         # Nobody goes on until the checkpoint of this epoch is complete.
         if args.checkpoint_dir:
             barrier(device)
 
 
-def synchronized_time(device):
-    """time.time() once the GPU has finished its queued work: CUDA runs
-    asynchronously, so without this a timing measures only the launches."""
+def run(rank, plan, args, job):
+    """One training process (rank) from start to end. `job` is what the
+    parent loaded once for every rank, or None under torchrun."""
+    # Init process group; the rank's device comes from the plan.
+    device = torch.device(plan.devices[rank - plan.rank_offset])
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.time()
+        torch.cuda.set_device(device)
+    torch.set_num_threads(plan.threads)
+    dist.init_process_group(
+        backend=plan.backend,
+        init_method=plan.init_method,
+        world_size=plan.world_size,
+        rank=rank,
+    )
+    if job is None:
+        job = load_job_in_turn(rank, plan, args, device)
+    # After loading, so that memory freed while loading goes back to the
+    # system; in each rank, however it was launched.
+    keep_freed_memory()
+    poll_less()
+    graph, features = place_dataset(
+        job.dataset, plan.storage, device, args.gpu_cache_size
+    )
+
+    # Create GraphSAGE model. It should be copied onto a GPU as a replica.
+    if job.seed is not None:
+        torch.manual_seed(job.seed)
+    config = job.config
+    model = SAGE(config["in_size"], config["hidden_size"], config["num_classes"])
+    model = model.to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    restore(job.checkpoint, model, optimizer, args.lr)
+    model = DDP(model)
+    if job.checkpoint is not None and rank == 0:
+        print(f"Resuming from {args.checkpoint_dir} at epoch {job.start_epoch}.")
+
+    # Create data loaders.
+    task = job.dataset.tasks[0]
+
+    def dataloader(itemset, is_train):
+        return create_dataloader(
+            graph, features, itemset, device, plan.storage, is_train, args
+        )
+
+    loaders = Loaders(
+        train=dataloader(task.train_set, is_train=True),
+        valid=dataloader(task.validation_set, is_train=False),
+        test=dataloader(task.test_set, is_train=False),
+    )
+
+    # Model training.
+    if rank == 0:
+        print("Training...")
+    train(rank, plan.world_size, args, job, model, optimizer, loaders, device)
+
+    # Test the model.
+    if rank == 0:
+        print("Testing...")
+    num_correct, num_test_items = evaluate(
+        rank, model, loaders.test, config["num_classes"], device, "test"
+    )
+    test_acc = weighted_reduce(num_correct, num_test_items)
+    if rank == 0:
+        print(f"Test Accuracy {test_acc.item():.4f}", flush=True)
+        save_result(args, model.module, test_acc.item(), plan.world_size)
+    # Rank 0 hosts the rendezvous store: nobody leaves before all are done.
+    barrier(device)
+
+
+def parse_args(argv=None):
+    parser = ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Multi-GPU (or multi-process CPU) training of a GraphSAGE "
+        "model for node classification using the GraphBolt dataloader.",
+    )
+    parser.add_argument(
+        "--gpu",
+        type=str,
+        default="0",
+        help="GPU(s) in use. Can be a list of gpu ids for multi-gpu training,"
+        " e.g., 0,1,2,3. In cpu-cpu mode each entry is one CPU process.",
+    )
+    parser.add_argument(
+        "--epochs", type=int_at_least(1), default=10,
+        help="Number of training epochs.",
+    )
+    parser.add_argument(
+        "--lr", type=positive_float, default=0.001,
+        help="Learning rate for optimization.",
+    )
+    parser.add_argument(
+        "--batch-size", type=int_at_least(1), default=1024,
+        help="Batch size (per rank) for training.",
+    )
+    parser.add_argument(
+        "--fanout", type=fanout_list, default="10,10,10",
+        help="Fan-out of neighbor sampling, one value per layer (3 layers);"
+        " -1 takes all neighbors.",
+    )
+    parser.add_argument(
+        "--num-workers", type=int_at_least(0), default=0,
+        help="The number of data loading worker processes per rank (only"
+        " where sampling runs on the CPU).",
+    )
+    parser.add_argument(
+        "--gpu-cache-size", type=int_at_least(0), default=0,
+        help="The capacity of the GPU feature cache in bytes (pinned-cuda).",
+    )
+    parser.add_argument(
+        "--dataset", type=str, default="ogbn-products",
+        help="A builtin GraphBolt dataset ("
+        + ", ".join(BUILTIN_DATASETS)
+        + ") or the path of an OnDiskDataset directory (with metadata.yaml).",
+    )
+    parser.add_argument(
+        "--data-root", type=str, default="datasets",
+        help="Where builtin datasets are downloaded to.",
+    )
+    parser.add_argument(
+        "--mode", default="auto", choices=MODES,
+        help="Dataset storage placement and train device: 'cpu' for CPU and"
+        " RAM, 'pinned' for pinned memory in RAM, 'cuda' for GPU and GPU"
+        " memory. 'auto' is pinned-cuda when torch and DGL have CUDA,"
+        " otherwise cpu-cpu.",
+    )
+    parser.add_argument(
+        "--threads", type=int_at_least(1), default=None,
+        help="CPU threads per rank for PyTorch and sampling (default: the"
+        " machine's cores divided by the ranks on it).",
+    )
+    parser.add_argument(
+        "--max-batches", type=int_at_least(1), default=None,
+        help="Stop every training epoch and every evaluation after this many"
+        " batches per rank (quick runs, benchmarks). Default: all.",
+    )
+    parser.add_argument(
+        "--master-port", type=int_at_least(1), default=None,
+        help="Rendezvous port on 127.0.0.1 (default: a free port).",
+    )
+    parser.add_argument(
+        "--seed", type=int_at_least(0), default=None,
+        help="Seed every random stream on every rank: the same seed repeats"
+        " a run (CPU, --num-workers 0). Unseeded by default, as upstream.",
+    )
+    parser.add_argument(
+        "--checkpoint-dir", default=None,
+        help="Save a checkpoint here after every epoch, and the trained model"
+        " as model.pt at the end.",
+    )
+    parser.add_argument(
+        "--resume", action="store_true",
+        help="Continue from the checkpoint in --checkpoint-dir.",
+    )
+    parser.add_argument(
+        "--log-dir", default=None,
+        help="Append one JSON line per epoch and one for the test result to"
+        " metrics.jsonl here.",
+    )
+    args = parser.parse_args(argv)
+    if args.resume and not args.checkpoint_dir:
+        parser.error("--resume needs --checkpoint-dir")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        plan = plan_run(
+            args,
+            os.environ,
+            torch.cuda.is_available(),
+            dgl_has_cuda(),
+            torch.cuda.device_count(),
+            len(os.sched_getaffinity(0)),
+        )
+        if plan.rank_offset == 0:
+            for notice in plan.notices:
+                print(notice)
+        # Both launchers hand the dataset to other processes through files
+        # in /dev/shm (the default, file descriptors, can run out of them).
+        mp.set_sharing_strategy("file_system")
+        if plan.launcher == "torchrun":
+            # Each torchrun process is one rank; they load the data in turn.
+            run_rank(plan.rank_offset, plan, args, None)
+            return
+        unit = "gpu" if plan.backend == "nccl" else "CPU process"
+        plural = "es" if unit.endswith("s") else "s"
+        print(f"Training with {plan.world_size} {unit}"
+              f"{plural * (plan.world_size > 1)}.")
+        # Load and preprocess the dataset once, in the parent.
+        job = load_job(args, plan.world_size)
+    except UsageError as error:
+        fail(error)
+
+    # Thread limiting to avoid resource competition; no GPU in CPU ranks.
+    os.environ.update(plan.rank_env)
+    try:
+        mp.spawn(run_rank, args=(plan, args, job), nprocs=plan.world_size)
+    except mp.ProcessRaisedException:
+        # mp.spawn has already stopped the other ranks; each failed rank
+        # printed its traceback.
+        sys.exit("error: training failed; each failing rank's error is above")
+    except mp.ProcessExitedException as error:
+        sys.exit(f"error: training failed: {error}")
+
+
+# =============================================================================
+# Plumbing. Everything below supports the training path above: a template
+# user need not read it. Loaders and progress bars, GraphBolt API shapes,
+# data placement, seeding, CPU settings, the rank's error reporting and
+# teardown, dataset and checkpoint I/O, the launch plan, argument types.
+# =============================================================================
+
+
+@dataclass
+class Loader:
+    """A GraphBolt DataLoader with what the loops need around it."""
+
+    dataloader: gb.DataLoader
+    item_sampler: gb.DistributedItemSampler  # reseeded every epoch
+    num_items: int
+    is_train: bool
+    args: argparse.Namespace
+
+    def batches(self, rank, name):
+        """The mini-batches, at most --max-batches of them; on rank 0 with a
+        progress bar."""
+        batches = itertools.islice(self.dataloader, self.args.max_batches)
+        if rank != 0:
+            return batches
+        return tqdm.tqdm(batches, desc=name, total=self.rank0_batches())
+
+    def rank0_batches(self):
+        """How many batches rank 0 gets (for the progress bar): training
+        drops partial and uneven batches, evaluation drops nothing."""
+        per_round = self.args.batch_size * dist.get_world_size()
+        whole, rest = divmod(self.num_items, per_round)
+        total = whole + (0 if self.is_train else rest > 0)
+        return min(total, self.args.max_batches or total)
+
+
+@dataclass
+class Loaders:
+    train: Loader
+    valid: Loader
+    test: Loader
+
+
+def _accepts(callable_, name):
+    """True if `callable_` takes a parameter `name`: how this script tells
+    GraphBolt releases apart (never by parsing version strings)."""
+    return name in inspect.signature(callable_).parameters
+
+
+def graphbolt_options(device, storage):
+    """Keyword arguments for each pipeline stage on this GraphBolt release.
+    - copy_to: dgl 2.1.0 copies seed_nodes only when asked to; newer
+      releases copy everything and have no `extra_attrs`.
+    - sample_neighbor: dgl 2.4 overlaps graph fetching (pinned graphs) and
+      samples asynchronously on the GPU; older releases have no such knobs.
+    - fetch_feature / DataLoader: GraphBolt overlaps feature fetching on a
+      CUDA stream whenever torch has CUDA, even for a CPU rank (where a
+      CPU-only DGL then crashes): only ranks that train on a GPU ask for
+      it. dgl 2.4 has the knob on fetch_feature, 2.1-2.3 on the DataLoader."""
+    on_gpu = device.type == "cuda"
+    options = {
+        "copy_to": {}, "sample_neighbor": {}, "fetch_feature": {},
+        "DataLoader": {},
+    }
+    if _accepts(gb.CopyTo.__init__, "extra_attrs"):
+        options["copy_to"]["extra_attrs"] = ["seed_nodes"]
+    if _accepts(gb.NeighborSampler.__init__, "overlap_fetch"):
+        options["sample_neighbor"]["overlap_fetch"] = storage == "pinned"
+    if _accepts(gb.NeighborSampler.__init__, "asynchronous"):
+        options["sample_neighbor"]["asynchronous"] = storage != "cpu"
+    if _accepts(gb.FeatureFetcher.__init__, "overlap_fetch"):
+        options["fetch_feature"]["overlap_fetch"] = on_gpu
+    if _accepts(gb.DataLoader.__init__, "overlap_feature_fetch"):
+        options["DataLoader"]["overlap_feature_fetch"] = on_gpu
+    return options
 
 
 def place_dataset(dataset, storage, device, gpu_cache_size):
@@ -427,6 +601,35 @@ def make_gpu_cache(feature, cache_bytes):
     return gb.GPUCachedFeature(feature, max(1, cache_bytes // row_bytes))
 
 
+def synchronized_time(device):
+    """time.time() once the GPU has finished its queued work: CUDA runs
+    asynchronously, so without this a timing measures only the launches."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.time()
+
+
+def seed_epoch(seed, rank, epoch, item_sampler):
+    """Derives this rank's randomness for one epoch (shuffling, dropout,
+    neighbor sampling) from (seed, rank, epoch), like PyTorch's
+    DistributedSampler.set_epoch: the same seed repeats a run, and a resumed
+    run shuffles and drops out exactly as an uninterrupted one.
+
+    Limit (dgl 2.1.0): GraphBolt's per-thread random streams also depend on
+    the process's history, so a resumed run samples other neighbors."""
+    epoch_seed = int(
+        np.random.SeedSequence([seed, rank, epoch]).generate_state(1)[0]
+    )
+    random.seed(epoch_seed)
+    np.random.seed(epoch_seed)
+    torch.manual_seed(epoch_seed)
+    gb.seed(epoch_seed)
+    # dgl 2.1.0's item sampler shuffles with its own unseeded
+    # np.random.default_rng() and takes no seed argument, so replace it.
+    if hasattr(item_sampler, "_rng"):
+        item_sampler._rng = np.random.default_rng(epoch_seed)
+
+
 def keep_freed_memory():
     """Make glibc's malloc keep freed memory for the next mini-batch.
 
@@ -435,8 +638,8 @@ def keep_freed_memory():
     straight from the kernel. Each batch's feature and activation tensors
     (tens to hundreds of MB) are then mapped, zero-filled page by page and
     unmapped again: on CPU ranks the kernel took nearly as much CPU time as
-    the training. The cost: a rank keeps its peak batch memory between
-    batches. Other C libraries (musl, macOS) have no mallopt: nothing to do."""
+    the training (docs/performance.md). The cost: a rank keeps its peak
+    batch memory between batches. Other C libraries have no mallopt."""
     if platform.libc_ver()[0] != "glibc":
         return
     mallopt = ctypes.CDLL(None).mallopt
@@ -455,42 +658,23 @@ def poll_less(interval=0.001):
     """Make the data loader's prefetch thread poll every 1 ms, not 0.1 ms.
 
     With a GPU, GraphBolt's DataLoader runs the pipeline before copy_to in
-    a torchdata Prefetcher thread. While its buffer is full, that thread
-    wakes every 0.1 ms to look again, and while the buffer is empty the
-    training loop does the same: thousands of wakeups a second, each taking
-    CPU time and the GIL from the other thread (measured here, sampling on
-    the CPU: 3.7 s of CPU for 2.6 s of sampling; 2.7-3.0 s at 1 ms). A 1 ms
-    interval still lets a loader hand over 2000 batches a second. Nothing
-    to do where GraphBolt does not use torchdata's Prefetcher."""
+    a torchdata Prefetcher thread, which wakes every 0.1 ms while its buffer
+    is full (and the training loop likewise while it is empty), taking CPU
+    time and the GIL from the other thread. Measured with CPU sampling in
+    that thread: 3.7 s of CPU for 2.6 s of sampling, 2.7-3.0 s at 1 ms.
+    1 ms still allows 2,000 batches a second. Nothing to do where GraphBolt
+    does not use torchdata's Prefetcher."""
     prefetcher = sys.modules.get("torchdata.datapipes.iter.util.prefetcher")
     for name in ("PRODUCER_SLEEP_INTERVAL", "CONSUMER_SLEEP_INTERVAL"):
         if hasattr(prefetcher, name):
             setattr(prefetcher, name, max(getattr(prefetcher, name), interval))
 
 
-def run(rank, plan, args, prepared):
-    """One training process. `rank` is its global rank; `prepared` is what
-    prepare() returned in the parent, or None under torchrun."""
+def run_rank(rank, plan, args, job):
+    """The entry point of each rank: run() with its failure reported and its
+    process group torn down."""
     try:
-        device = torch.device(plan["devices"][rank - plan["rank_offset"]])
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        torch.set_num_threads(plan["threads"])
-        dist.init_process_group(
-            backend=plan["backend"],
-            init_method=plan["init_method"],
-            world_size=plan["world_size"],
-            rank=rank,
-        )
-        if prepared is None:
-            prepared = prepare_in_turn(rank, plan, args, device)
-        # In run(), so that they apply to every rank however it is launched
-        # (and to the loader workers forked from it); after loading, so that
-        # memory freed while loading still goes back to the system.
-        keep_freed_memory()
-        poll_less()
-        train_on_rank(rank, plan["world_size"], plan, args, device, *prepared)
-        barrier(device)
+        run(rank, plan, args, job)
     except Exception:
         # Report every failing rank here: the launcher shows only one, often
         # a peer's "connection closed" instead of the cause.
@@ -521,125 +705,79 @@ def destroy_process_group():
     dist.destroy_process_group()
 
 
-def prepare_in_turn(rank, plan, args, device):
+class UsageError(Exception):
+    """Bad input: reported as one line, exit status 2, before any spawn."""
+
+
+def fail(message):
+    """Bad input, as every script here reports it: one line naming the bad
+    value, exit status 2."""
+    print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+@dataclass
+class Job:
+    """What every rank needs, loaded once: the dataset, the model's
+    configuration, the checkpoint to resume (or None), where to start, and
+    the seed (--seed, or the checkpoint's)."""
+
+    dataset: object
+    config: dict
+    checkpoint: dict
+    start_epoch: int
+    seed: int
+
+
+def load_job(args, world_size):
+    """Loads and checks what every rank needs (see Job)."""
+    dataset = load_dataset(args.dataset, args.data_root)
+    check_train_split(
+        len(dataset.tasks[0].train_set), args.batch_size, world_size
+    )
+    config = model_config(args, dataset)
+    for directory in (args.checkpoint_dir, args.log_dir):
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+    checkpoint, start_epoch, seed = None, 0, args.seed
+    if args.resume:
+        checkpoint = load_checkpoint(args.checkpoint_dir, config)
+        check_resume(checkpoint, args)
+        start_epoch = checkpoint["epoch"]
+        # Without --seed the run continues the checkpoint's sequence.
+        seed = checkpoint["seed"] if seed is None else seed
+    return Job(dataset, config, checkpoint, start_epoch, seed)
+
+
+def load_job_in_turn(rank, plan, args, device):
     """Under torchrun there is no parent to load the dataset once. Rank 0
     goes first (it may download or preprocess into the dataset directory),
     then the first process of each other node. Each of them hands the other
     ranks of its node what it loaded through shared memory, as mp.spawn
     does: a node holds one copy of the graph and features, not one per rank."""
-    local_rank = plan["local_rank"]
-    prepared = None
+    job = None
     if rank == 0:
-        prepared = prepare(args, plan["world_size"])
+        job = load_job(args, plan.world_size)
     barrier(device)
-    if local_rank == 0 and rank != 0:
-        prepared = prepare(args, plan["world_size"])
+    if plan.local_rank == 0 and rank != 0:
+        job = load_job(args, plan.world_size)
     # torchrun numbers the ranks of a node consecutively.
-    node_group, _ = dist.new_subgroups(plan["local_world_size"])
+    node_group, _ = dist.new_subgroups(plan.local_world_size)
     # ForkingPickler moves tensors to shared memory and pickles only their
-    # names. prepare() may have taken the seed from the checkpoint.
+    # names.
     payload = [None]
-    if local_rank == 0:
-        payload = [bytes(ForkingPickler.dumps((prepared, args.seed)))]
-    dist.broadcast_object_list(payload, src=rank - local_rank, group=node_group)
-    if local_rank != 0:
-        prepared, args.seed = pickle.loads(payload[0])
-    return prepared
-
-
-def train_on_rank(
-    rank, world_size, plan, args, device, dataset, config, checkpoint
-):
-    graph, features = place_dataset(
-        dataset, plan["storage"], device, args.gpu_cache_size
+    if plan.local_rank == 0:
+        payload = [bytes(ForkingPickler.dumps(job))]
+    dist.broadcast_object_list(
+        payload, src=rank - plan.local_rank, group=node_group
     )
-    task = dataset.tasks[0]
-    num_classes = config["num_classes"]
-
-    # Create GraphSAGE model. It should be copied onto a GPU as a replica.
-    if args.seed is not None:
-        torch.manual_seed(args.seed)
-    model = SAGE(config["in_size"], config["hidden_size"], num_classes)
-    if checkpoint is not None:
-        model.load_state_dict(checkpoint["model"])
-    model = DDP(model.to(device))
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    start_epoch = 0
-    if checkpoint is not None:
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        # The saved state carries the old learning rate; --lr wins.
-        for group in optimizer.param_groups:
-            group["lr"] = args.lr
-        start_epoch = checkpoint["epoch"]
-        if rank == 0:
-            print(f"Resuming from {args.checkpoint_dir} at epoch {start_epoch}.")
-
-    # Create data loaders.
-    def dataloader(itemset, is_train):
-        return create_dataloader(
-            graph,
-            features,
-            itemset,
-            device,
-            plan["storage"],
-            is_train,
-            args.batch_size,
-            args.fanout,
-            args.num_workers,
-        )
-
-    train_dataloader, train_sampler = dataloader(task.train_set, True)
-    valid_dataloader, _ = dataloader(task.validation_set, False)
-    test_dataloader, _ = dataloader(task.test_set, False)
-
-    # Model training.
-    if rank == 0:
-        print("Training...")
-    train(
-        rank,
-        world_size,
-        args,
-        model,
-        optimizer,
-        train_dataloader,
-        train_sampler,
-        valid_dataloader,
-        num_classes,
-        device,
-        start_epoch,
-        config,
-    )
-
-    # Test the model.
-    if rank == 0:
-        print("Testing...")
-    num_correct, num_test_items = evaluate(
-        rank, model, test_dataloader, num_classes, device, args.max_batches
-    )
-    test_acc = weighted_reduce(num_correct, num_test_items)
-    if rank == 0:
-        print(f"Test Accuracy {test_acc.item():.4f}", flush=True)
-        if args.checkpoint_dir:
-            # The trained model without DDP's "module." prefixes.
-            save_atomically(
-                model.module.state_dict(),
-                os.path.join(args.checkpoint_dir, MODEL_FILE),
-            )
-        if args.log_dir:
-            append_metrics(
-                args.log_dir,
-                {"test_accuracy": test_acc.item(), "ranks": world_size},
-            )
-
-
-class UsageError(Exception):
-    """Bad input: reported as one line, exit status 2, before any spawn."""
+    return pickle.loads(payload[0])
 
 
 def load_dataset(name_or_dir, data_root):
-    """The one place that reads datasets: a builtin GraphBolt dataset
-    (downloaded under `data_root` on first use) or an OnDiskDataset
-    directory. Checks what training needs."""
+    """The one place that reads datasets (the scripts use it too): a builtin
+    GraphBolt dataset (downloaded under `data_root` on first use) or an
+    OnDiskDataset directory. Checks what training needs."""
     if name_or_dir in BUILTIN_DATASETS:
         try:
             dataset = gb.BuiltinDataset(name_or_dir, root=data_root).load()
@@ -701,28 +839,6 @@ def check_train_split(num_train_items, batch_size, world_size):
         )
 
 
-def prepare(args, world_size):
-    """Loads and checks what every rank needs: the dataset, the model's
-    configuration and, with --resume, the checkpoint. With --resume and no
-    --seed, the checkpoint's seed is taken so that the run continues the
-    same sequence."""
-    dataset = load_dataset(args.dataset, args.data_root)
-    check_train_split(
-        len(dataset.tasks[0].train_set), args.batch_size, world_size
-    )
-    config = model_config(args, dataset)
-    for directory in (args.checkpoint_dir, args.log_dir):
-        if directory:
-            os.makedirs(directory, exist_ok=True)
-    checkpoint = None
-    if args.resume:
-        checkpoint = load_checkpoint(args.checkpoint_dir, config)
-        check_resume(checkpoint, args)
-        if args.seed is None:
-            args.seed = checkpoint["seed"]
-    return dataset, config, checkpoint
-
-
 def model_config(args, dataset):
     """What a checkpoint must agree on to be resumed: model shape, data and
     sampling."""
@@ -736,6 +852,28 @@ def model_config(args, dataset):
     }
 
 
+def restore(checkpoint, model, optimizer, lr):
+    """Loads a checkpoint's model and optimizer state; --lr wins over the
+    saved learning rate."""
+    if checkpoint is None:
+        return
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def save_epoch(args, job, module, optimizer, epoch, record):
+    """Rank 0 after each epoch: the checkpoint and the metrics line."""
+    if args.checkpoint_dir:
+        save_checkpoint(
+            args.checkpoint_dir, module, optimizer, epoch + 1, job.seed,
+            job.config,
+        )
+    if args.log_dir:
+        append_metrics(args.log_dir, record)
+
+
 def save_checkpoint(directory, module, optimizer, next_epoch, seed, config):
     # Every epoch's randomness derives from (seed, rank, epoch), so the seed
     # and the next epoch are all the random state a resumed run needs.
@@ -747,6 +885,17 @@ def save_checkpoint(directory, module, optimizer, next_epoch, seed, config):
         "config": config,
     }
     save_atomically(checkpoint, os.path.join(directory, CHECKPOINT_FILE))
+
+
+def save_result(args, module, test_accuracy, world_size):
+    """Rank 0 at the end: the trained model (without DDP's "module."
+    prefixes) and the test line of the metrics."""
+    if args.checkpoint_dir:
+        path = os.path.join(args.checkpoint_dir, MODEL_FILE)
+        save_atomically(module.state_dict(), path)
+    if args.log_dir:
+        record = {"test_accuracy": test_accuracy, "ranks": world_size}
+        append_metrics(args.log_dir, record)
 
 
 def save_atomically(obj, path):
@@ -812,26 +961,23 @@ def append_metrics(directory, record):
         f.write(json.dumps(record) + "\n")
 
 
-def free_port():
-    """A free TCP port on this machine, so two runs never collide on a fixed
-    rendezvous port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@dataclass(frozen=True)
+class Plan:
+    """How this launch runs, decided once by plan_run."""
 
-
-def parse_gpu_list(text):
-    try:
-        ids = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise UsageError(
-            f"--gpu '{text}': expected device ids like 0 or 0,1,2,3"
-        ) from None
-    if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
-        raise UsageError(
-            f"--gpu '{text}': ids must be distinct and non-negative"
-        )
-    return ids
+    mode: str  # resolved: never "auto"
+    storage: str  # "cpu", "pinned" or "cuda"
+    backend: str  # "gloo" or "nccl"
+    launcher: str  # "spawn" or "torchrun"
+    world_size: int
+    rank_offset: int  # global rank of this launch's first process
+    local_rank: int
+    local_world_size: int
+    devices: list  # device strings, indexed by rank - rank_offset
+    init_method: str
+    threads: int
+    rank_env: dict  # environment for spawned ranks
+    notices: list  # lines to print before training
 
 
 def dgl_has_cuda():
@@ -847,51 +993,24 @@ def dgl_has_cuda():
 def plan_run(args, env, cuda_available, dgl_cuda, num_cuda_devices, num_cores):
     """The one place that decides devices, backend, world size, rendezvous
     and threads. Everything it needs comes in as arguments (torch's CUDA,
-    DGL's CUDA) so that every case can be checked without a GPU.
-
-    Returns a dict: mode, storage ("cpu", "pinned" or "cuda"), backend,
-    launcher ("spawn" or "torchrun"), world_size, rank_offset, local_rank,
-    devices (device strings for the processes of this launch, indexed by
-    rank - rank_offset), init_method, threads, notice (a line to print, or
-    None)."""
-    mode, notice = args.mode, None
+    DGL's CUDA) so that every case can be checked without a GPU."""
+    mode, notices = args.mode, []
     if mode == "auto":
         mode = "pinned-cuda" if cuda_available and dgl_cuda else "cpu-cpu"
         if not cuda_available:
-            notice = (
+            notices.append(
                 "CUDA is not available: using --mode cpu-cpu "
                 "(one CPU process per --gpu entry, gloo backend)."
             )
         elif not dgl_cuda:
-            notice = (
+            notices.append(
                 f"torch sees {num_cuda_devices} GPU(s), but this DGL is a "
                 "CPU-only build: using --mode cpu-cpu (one CPU process per "
                 f"--gpu entry, gloo backend). To train on the GPUs: "
                 f"{INSTALL_CUDA_DGL}"
             )
     storage, train_device = mode.split("-")
-    if train_device == "cuda" and not cuda_available:
-        raise UsageError(
-            f"--mode {mode} needs CUDA, but no CUDA device is available; "
-            "use --mode cpu-cpu or auto"
-        )
-    if train_device == "cuda" and not dgl_cuda:
-        raise UsageError(
-            f"--mode {mode} needs CUDA, but this DGL is a CPU-only build "
-            f"(as PyPI's is); install DGL's CUDA build: {INSTALL_CUDA_DGL}"
-        )
-    if args.gpu_cache_size > 0 and storage != "pinned":
-        raise UsageError(
-            f"--gpu-cache-size {args.gpu_cache_size} needs a CUDA training "
-            f"device with pinned features (--mode pinned-cuda), but --mode "
-            f"is {mode}"
-        )
-    if args.num_workers > 0 and storage != "cpu":
-        raise UsageError(
-            f"--num-workers {args.num_workers}: with --mode {mode} sampling "
-            "runs on the GPU, which worker processes cannot do; use "
-            "--num-workers 0"
-        )
+    check_mode(args, mode, cuda_available, dgl_cuda)
 
     torchrun = all(key in env for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     if torchrun:
@@ -919,28 +1038,82 @@ def plan_run(args, env, cuda_available, dgl_cuda, num_cuda_devices, num_cores):
     else:
         devices = ["cpu"] * len(device_ids)
 
+    if args.seed is not None and args.num_workers > 0:
+        notices.append(
+            "Note: with --num-workers > 0 sampling runs in worker processes "
+            "that --seed does not reach; runs will differ."
+        )
     # Upstream's cpu_count // 2 // world_size is 0 on small machines.
     threads = args.threads or max(1, num_cores // local_world_size)
-    return {
-        "mode": mode,
-        "storage": storage,
-        "backend": "nccl" if train_device == "cuda" else "gloo",
-        "launcher": "torchrun" if torchrun else "spawn",
-        "world_size": world_size,
-        "rank_offset": rank_offset,
-        "local_rank": local_rank,
-        "local_world_size": local_world_size,
-        "devices": devices,
-        "init_method": init_method,
-        "threads": threads,
-        # Set before spawning: CPU ranks see no GPU, so no library starts
-        # CUDA in them (under torchrun the ranks already run).
-        "rank_env": {
-            "OMP_NUM_THREADS": str(threads),
-            **({"CUDA_VISIBLE_DEVICES": ""} if train_device == "cpu" else {}),
-        },
-        "notice": notice,
-    }
+    rank_env = {"OMP_NUM_THREADS": str(threads)}
+    if train_device == "cpu":
+        # CPU ranks see no GPU, so no library starts CUDA in them (under
+        # torchrun the ranks already run: this cannot apply).
+        rank_env["CUDA_VISIBLE_DEVICES"] = ""
+    return Plan(
+        mode=mode,
+        storage=storage,
+        backend="nccl" if train_device == "cuda" else "gloo",
+        launcher="torchrun" if torchrun else "spawn",
+        world_size=world_size,
+        rank_offset=rank_offset,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        devices=devices,
+        init_method=init_method,
+        threads=threads,
+        rank_env=rank_env,
+        notices=notices,
+    )
+
+
+def check_mode(args, mode, cuda_available, dgl_cuda):
+    """Refuses a mode this machine cannot run, or options it cannot use."""
+    storage, train_device = mode.split("-")
+    if train_device == "cuda" and not cuda_available:
+        raise UsageError(
+            f"--mode {mode} needs CUDA, but no CUDA device is available; "
+            "use --mode cpu-cpu or auto"
+        )
+    if train_device == "cuda" and not dgl_cuda:
+        raise UsageError(
+            f"--mode {mode} needs CUDA, but this DGL is a CPU-only build "
+            f"(as PyPI's is); install DGL's CUDA build: {INSTALL_CUDA_DGL}"
+        )
+    if args.gpu_cache_size > 0 and storage != "pinned":
+        raise UsageError(
+            f"--gpu-cache-size {args.gpu_cache_size} needs a CUDA training "
+            f"device with pinned features (--mode pinned-cuda), but --mode "
+            f"is {mode}"
+        )
+    if args.num_workers > 0 and storage != "cpu":
+        raise UsageError(
+            f"--num-workers {args.num_workers}: with --mode {mode} sampling "
+            "runs on the GPU, which worker processes cannot do; use "
+            "--num-workers 0"
+        )
+
+
+def free_port():
+    """A free TCP port on this machine, so two runs never collide on a fixed
+    rendezvous port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def parse_gpu_list(text):
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise UsageError(
+            f"--gpu '{text}': expected device ids like 0 or 0,1,2,3"
+        ) from None
+    if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise UsageError(
+            f"--gpu '{text}': ids must be distinct and non-negative"
+        )
+    return ids
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -993,183 +1166,6 @@ def fanout_list(text):
             f"'{text}': each fanout is positive, or -1 for all neighbors"
         )
     return fanout
-
-
-def parse_args(argv=None):
-    parser = ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        description="Multi-GPU (or multi-process CPU) training of a GraphSAGE "
-        "model for node classification using the GraphBolt dataloader."
-    )
-    parser.add_argument(
-        "--gpu",
-        type=str,
-        default="0",
-        help="GPU(s) in use. Can be a list of gpu ids for multi-gpu training,"
-        " e.g., 0,1,2,3. In cpu-cpu mode each entry is one CPU process.",
-    )
-    parser.add_argument(
-        "--epochs",
-        type=int_at_least(1),
-        default=10,
-        help="Number of training epochs.",
-    )
-    parser.add_argument(
-        "--lr",
-        type=positive_float,
-        default=0.001,
-        help="Learning rate for optimization.",
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=int_at_least(1),
-        default=1024,
-        help="Batch size (per rank) for training.",
-    )
-    parser.add_argument(
-        "--fanout",
-        type=fanout_list,
-        default="10,10,10",
-        help="Fan-out of neighbor sampling, one value per layer (3 layers);"
-        " -1 takes all neighbors.",
-    )
-    parser.add_argument(
-        "--num-workers",
-        type=int_at_least(0),
-        default=0,
-        help="The number of data loading worker processes per rank.",
-    )
-    parser.add_argument(
-        "--gpu-cache-size",
-        type=int_at_least(0),
-        default=0,
-        help="The capacity of the GPU feature cache in bytes (CUDA modes).",
-    )
-    parser.add_argument(
-        "--threads",
-        type=int_at_least(1),
-        default=None,
-        help="CPU threads per rank for PyTorch and sampling (default: the"
-        " machine's cores divided by the ranks on it).",
-    )
-    parser.add_argument(
-        "--max-batches",
-        type=int_at_least(1),
-        default=None,
-        help="Stop every training epoch and every evaluation after this many"
-        " batches per rank (quick runs, benchmarks). Default: all.",
-    )
-    parser.add_argument(
-        "--dataset",
-        type=str,
-        default="ogbn-products",
-        help="A builtin GraphBolt dataset ("
-        + ", ".join(BUILTIN_DATASETS)
-        + ") or the path of an OnDiskDataset directory (with metadata.yaml).",
-    )
-    parser.add_argument(
-        "--data-root",
-        type=str,
-        default="datasets",
-        help="Where builtin datasets are downloaded to.",
-    )
-    parser.add_argument(
-        "--mode",
-        default="auto",
-        choices=MODES,
-        help="Dataset storage placement and train device: 'cpu' for CPU and"
-        " RAM, 'pinned' for pinned memory in RAM, 'cuda' for GPU and GPU"
-        " memory. 'auto' is pinned-cuda with CUDA, otherwise cpu-cpu.",
-    )
-    parser.add_argument(
-        "--master-port",
-        type=int_at_least(1),
-        default=None,
-        help="Rendezvous port on 127.0.0.1 (default: a free port).",
-    )
-    parser.add_argument(
-        "--seed",
-        type=int_at_least(0),
-        default=None,
-        help="Seed every random stream on every rank: the same seed repeats"
-        " a run (CPU, --num-workers 0). Unseeded by default, as upstream.",
-    )
-    parser.add_argument(
-        "--checkpoint-dir",
-        default=None,
-        help="Save a checkpoint here after every epoch, and the trained model"
-        " as model.pt at the end.",
-    )
-    parser.add_argument(
-        "--resume",
-        action="store_true",
-        help="Continue from the checkpoint in --checkpoint-dir.",
-    )
-    parser.add_argument(
-        "--log-dir",
-        default=None,
-        help="Append one JSON line per epoch and one for the test result to"
-        " metrics.jsonl here.",
-    )
-    args = parser.parse_args(argv)
-    if args.resume and not args.checkpoint_dir:
-        parser.error("--resume needs --checkpoint-dir")
-    return args
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    try:
-        plan = plan_run(
-            args,
-            os.environ,
-            torch.cuda.is_available(),
-            dgl_has_cuda(),
-            torch.cuda.device_count(),
-            len(os.sched_getaffinity(0)),
-        )
-        is_main = plan["rank_offset"] == 0
-        if plan["notice"] and is_main:
-            print(plan["notice"])
-        if args.seed is not None and args.num_workers > 0 and is_main:
-            print(
-                "Note: with --num-workers > 0 sampling runs in worker "
-                "processes that --seed does not reach; runs will differ."
-            )
-        # Both launchers hand the dataset to other processes through files
-        # in /dev/shm (the default, file descriptors, can run out of them).
-        mp.set_sharing_strategy("file_system")
-        if plan["launcher"] == "torchrun":
-            # Each torchrun process is one rank.
-            run(plan["rank_offset"], plan, args, None)
-            return
-        unit = "gpu" if plan["backend"] == "nccl" else "CPU process"
-        plural = "es" if unit.endswith("s") else "s"
-        world_size = plan["world_size"]
-        print(f"Training with {world_size} {unit}{plural * (world_size > 1)}.")
-
-        # Load and preprocess the dataset once, in the parent.
-        prepared = prepare(args, world_size)
-    except UsageError as error:
-        print(f"{os.path.basename(sys.argv[0])}: error: {error}", file=sys.stderr)
-        sys.exit(2)
-
-    # Thread limiting to avoid resource competition; no GPU in CPU ranks.
-    os.environ.update(plan["rank_env"])
-
-    try:
-        mp.spawn(
-            run,
-            args=(plan, args, prepared),
-            nprocs=plan["world_size"],
-            join=True,
-        )
-    except mp.ProcessRaisedException:
-        # mp.spawn has already stopped the other ranks; each failed rank
-        # printed its traceback.
-        sys.exit("error: training failed; each failing rank's error is above")
-    except mp.ProcessExitedException as error:
-        sys.exit(f"error: training failed: {error}")
 
 
 if __name__ == "__main__":

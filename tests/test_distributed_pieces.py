@@ -2,6 +2,8 @@
 process groups: how DistributedItemSampler shards items, and that
 weighted_reduce gives exact means when ranks hold different numbers of
 items (including none)."""
+import types
+
 import torch
 
 from conftest import run_gloo_group
@@ -77,5 +79,6 @@ def test_evaluate_on_a_rank_without_items_returns_zero_weight():
 
     # An empty loader is what DistributedItemSampler gives a rank whose
     # share of a small evaluation set is empty.
-    correct, count = evaluate(1, Wrapped(), [], 5, torch.device("cpu"), None)
+    empty = types.SimpleNamespace(batches=lambda rank, name: iter([]))
+    correct, count = evaluate(1, Wrapped(), empty, 5, torch.device("cpu"), "x")
     assert (correct.item(), count) == (0.0, 0)

@@ -80,11 +80,12 @@ def _build_cpu_loader_where_torch_claims_cuda(rank, dataset_dir):
     # torch had CUDA, even for CPU ranks.
     torch.cuda.is_available = lambda: True
     dataset = gb.OnDiskDataset(dataset_dir).load()
-    loader, _ = nc.create_dataloader(
+    args = nc.parse_args(["--batch-size", "64", "--fanout", "5,5,5"])
+    loader = nc.create_dataloader(
         dataset.graph, dataset.feature, dataset.tasks[0].train_set,
-        torch.device("cpu"), "cpu", True, 64, [5, 5, 5], 0,
+        torch.device("cpu"), "cpu", True, args,
     )
-    return type(loader).__name__
+    return type(loader.dataloader).__name__
 
 
 def test_cpu_loader_builds_where_torch_has_cuda_and_dgl_does_not(
@@ -102,7 +103,7 @@ def test_a_rank_that_fails_before_training_prints_its_own_cause(capsys):
     plan = nc.plan_run(args, {}, True, True, 8, 2)
     with pytest.raises(Exception):
         # No GPU 7 here (nor, usually, on a GPU machine): set_device fails.
-        nc.run(0, plan, args, prepared=None)
+        nc.run_rank(0, plan, args, None)
     error = capsys.readouterr().err
     assert error.startswith("rank 0 failed:\nTraceback")
     assert "set_device" in error

@@ -106,11 +106,13 @@ def _loader_threads(rank, dataset_dir):
 
     dataset = gb.OnDiskDataset(dataset_dir).load()
 
+    args = nc.parse_args(["--batch-size", "64", "--fanout", "5,5,5"])
+
     def loader(storage, device):
         return nc.create_dataloader(
             dataset.graph, dataset.feature, dataset.tasks[0].train_set,
-            torch.device(device), storage, True, 64, [5, 5], 0,
-        )[0]
+            torch.device(device), storage, True, args,
+        ).dataloader
 
     stages = {}
     for storage, device in [

@@ -20,40 +20,40 @@ def plan(argv, cuda=False, num_gpus=0, cores=2, env=None, dgl_cuda=None):
 
 def test_auto_without_cuda_is_cpu_ranks_with_gloo_and_a_notice():
     p = plan(["--gpu=0,1"])
-    assert p["mode"] == "cpu-cpu" and p["storage"] == "cpu"
-    assert p["backend"] == "gloo"
-    assert p["devices"] == ["cpu", "cpu"] and p["world_size"] == 2
-    assert "cpu-cpu" in p["notice"]
+    assert p.mode == "cpu-cpu" and p.storage == "cpu"
+    assert p.backend == "gloo"
+    assert p.devices == ["cpu", "cpu"] and p.world_size == 2
+    assert "cpu-cpu" in p.notices[0]
 
 
 def test_auto_with_cuda_torch_and_cpu_dgl_is_cpu_ranks_with_install_advice():
     # PyPI's wheels on a GPU machine: torch has CUDA, DGL does not.
     p = plan(["--gpu=0,1"], cuda=True, num_gpus=2, dgl_cuda=False)
-    assert p["mode"] == "cpu-cpu" and p["backend"] == "gloo"
-    assert p["devices"] == ["cpu", "cpu"]
-    assert "this DGL is a CPU-only build: using --mode cpu-cpu" in p["notice"]
-    assert INSTALL_CUDA_DGL in p["notice"]
+    assert p.mode == "cpu-cpu" and p.backend == "gloo"
+    assert p.devices == ["cpu", "cpu"]
+    assert "this DGL is a CPU-only build: using --mode cpu-cpu" in p.notices[0]
+    assert INSTALL_CUDA_DGL in p.notices[0]
 
 
 def test_auto_with_cuda_dgl_but_no_cuda_torch_is_cpu_ranks():
     p = plan(["--gpu=0,1"], cuda=False, dgl_cuda=True)
-    assert p["mode"] == "cpu-cpu" and "CUDA is not available" in p["notice"]
+    assert p.mode == "cpu-cpu" and "CUDA is not available" in p.notices[0]
 
 
 def test_cpu_ranks_see_no_gpu_and_gpu_ranks_see_theirs():
     cpu = plan(["--gpu=0,1"], cuda=True, num_gpus=2, dgl_cuda=False)
-    assert cpu["rank_env"] == {"OMP_NUM_THREADS": "1",
+    assert cpu.rank_env == {"OMP_NUM_THREADS": "1",
                                "CUDA_VISIBLE_DEVICES": ""}
     gpu = plan(["--gpu=0,1"], cuda=True, num_gpus=2)
-    assert gpu["rank_env"] == {"OMP_NUM_THREADS": "1"}
+    assert gpu.rank_env == {"OMP_NUM_THREADS": "1"}
 
 
 def test_auto_with_cuda_is_pinned_cuda_with_nccl():
     p = plan(["--gpu=0,1"], cuda=True, num_gpus=2)
-    assert p["mode"] == "pinned-cuda" and p["storage"] == "pinned"
-    assert p["backend"] == "nccl"
-    assert p["devices"] == ["cuda:0", "cuda:1"]
-    assert p["notice"] is None
+    assert p.mode == "pinned-cuda" and p.storage == "pinned"
+    assert p.backend == "nccl"
+    assert p.devices == ["cuda:0", "cuda:1"]
+    assert p.notices == []
 
 
 @pytest.mark.parametrize(
@@ -62,8 +62,8 @@ def test_auto_with_cuda_is_pinned_cuda_with_nccl():
 )
 def test_cuda_modes_with_cuda(mode, storage):
     p = plan(["--gpu=1,3", "--mode", mode], cuda=True, num_gpus=4)
-    assert (p["storage"], p["backend"]) == (storage, "nccl")
-    assert p["devices"] == ["cuda:1", "cuda:3"]
+    assert (p.storage, p.backend) == (storage, "nccl")
+    assert p.devices == ["cuda:1", "cuda:3"]
 
 
 @pytest.mark.parametrize("mode", ["cpu-cuda", "pinned-cuda", "cuda-cuda"])
@@ -85,7 +85,7 @@ def test_cuda_modes_with_a_cpu_only_dgl_are_refused_with_install_advice(mode):
 
 def test_cpu_cpu_with_cuda_present_still_uses_gloo_on_cpu():
     p = plan(["--gpu=0,1,2", "--mode", "cpu-cpu"], cuda=True, num_gpus=1)
-    assert p["backend"] == "gloo" and p["devices"] == ["cpu"] * 3
+    assert p.backend == "gloo" and p.devices == ["cpu"] * 3
 
 
 def test_missing_gpu_id_is_refused():
@@ -97,7 +97,7 @@ def test_gpu_cache_needs_pinned_features_on_a_cuda_device():
     with pytest.raises(UsageError, match="--gpu-cache-size 1000"):
         plan(["--gpu-cache-size", "1000"])
     p = plan(["--gpu-cache-size", "1000"], cuda=True, num_gpus=1)
-    assert p["backend"] == "nccl" and p["storage"] == "pinned"
+    assert p.backend == "nccl" and p.storage == "pinned"
     # cpu-cuda fetches features before the ids reach the GPU; cuda-cuda has
     # the features on the GPU already: refused, never silently ignored.
     for mode in ("cpu-cuda", "cuda-cuda"):
@@ -125,29 +125,29 @@ def test_bad_gpu_lists(gpu):
 )
 def test_threads_are_at_least_one(cores, ranks, threads):
     gpus = ",".join(map(str, range(ranks)))
-    assert plan([f"--gpu={gpus}"], cores=cores)["threads"] == threads
+    assert plan([f"--gpu={gpus}"], cores=cores).threads == threads
 
 
 def test_rendezvous_port_is_free_unless_given():
     first, second = plan([]), plan([])
-    assert first["init_method"].startswith("tcp://127.0.0.1:")
-    assert first["init_method"] != "tcp://127.0.0.1:12345"
+    assert first.init_method.startswith("tcp://127.0.0.1:")
+    assert first.init_method != "tcp://127.0.0.1:12345"
     given = plan(["--master-port", "29999"])
-    assert given["init_method"] == "tcp://127.0.0.1:29999"
-    assert first["launcher"] == second["launcher"] == "spawn"
+    assert given.init_method == "tcp://127.0.0.1:29999"
+    assert first.launcher == second.launcher == "spawn"
 
 
 def test_torchrun_environment_means_one_rank_per_process():
     env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
            "LOCAL_WORLD_SIZE": "2"}
     p = plan(["--gpu=0,1,2,3"], cuda=True, num_gpus=2, cores=8, env=env)
-    assert p["launcher"] == "torchrun" and p["init_method"] == "env://"
-    assert (p["world_size"], p["rank_offset"], p["local_rank"]) == (4, 3, 1)
+    assert p.launcher == "torchrun" and p.init_method == "env://"
+    assert (p.world_size, p.rank_offset, p.local_rank) == (4, 3, 1)
     # The device comes from LOCAL_RANK, not from --gpu.
-    assert p["devices"] == ["cuda:1"]
-    assert p["threads"] == 4
+    assert p.devices == ["cuda:1"]
+    assert p.threads == 4
     cpu = plan([], env=env)
-    assert cpu["devices"] == ["cpu"] and cpu["backend"] == "gloo"
+    assert cpu.devices == ["cpu"] and cpu.backend == "gloo"
 
 
 def test_torchrun_local_rank_must_exist_as_a_gpu():
