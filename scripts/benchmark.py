@@ -11,8 +11,8 @@ time and memory go, and what it adds on top of a bare GraphBolt loop.
 One invocation measures, on the same data:
   (a) the baseline: a bare single-process GraphBolt loop (ItemSampler,
       sample_neighbor, fetch_feature, SAGE forward, backward, Adam step; no
-      DDP, no Join, no metrics), as GraphBolt comes ("bare") and, if the
-      script has keep_freed_memory(), with the script's CPU settings
+      DDP, no Join, no metrics) with node_classification.py's SAGE, as
+      GraphBolt comes ("bare") and with the example's CPU settings
       (keep_freed_memory() and poll_less()) applied ("bare+tuned");
   (b) node_classification.py itself, for every combination of --ranks,
       --threads (per rank) and --num-workers (per rank), as a user runs it:
@@ -58,7 +58,6 @@ The script's hooks used here: --max-batches, --threads, and the fields
 " | Train Time T | Seeds/s S | Data Wait W" at the end of each Epoch line.
 """
 import argparse
-import importlib.util
 import itertools
 import json
 import os
@@ -87,37 +86,17 @@ def bare_loop(args):
     """The baseline, in its own process: what GraphBolt and one SAGE model do
     without the example (no DDP, no Join, no metrics, no evaluation). Prints
     Epoch lines in the script's format so that both are parsed alike."""
-    os.environ.setdefault("DGLBACKEND", "pytorch")
-    if args.bare_loop == "tuned":
-        # The script's CPU settings, each where the script has it.
-        script = load_script(args.script)
-        for setting in ("keep_freed_memory", "poll_less"):
-            if hasattr(script, setting):
-                getattr(script, setting)()
+    sys.path.insert(0, os.path.dirname(SCRIPTS))
     import dgl.graphbolt as gb
-    import dgl.nn as dglnn
     import torch
-    import torch.nn as nn
     import torch.nn.functional as F
 
-    class SAGE(nn.Module):
-        """node_classification.py's model: 3 x SAGEConv-mean, hidden 256."""
+    # The example's model and CPU settings, from this checkout.
+    import node_classification as nc
 
-        def __init__(self, in_size, hidden_size, out_size):
-            super().__init__()
-            sizes = [in_size, hidden_size, hidden_size, out_size]
-            self.layers = nn.ModuleList(
-                dglnn.SAGEConv(i, o, "mean") for i, o in zip(sizes, sizes[1:])
-            )
-            self.dropout = nn.Dropout(0.5)
-
-        def forward(self, blocks, x):
-            for index, (layer, block) in enumerate(zip(self.layers, blocks)):
-                x = layer(block, x)
-                if index < len(self.layers) - 1:
-                    x = self.dropout(F.relu(x))
-            return x
-
+    if args.bare_loop == "tuned":
+        nc.keep_freed_memory()
+        nc.poll_less()
     torch.set_num_threads(args.threads[0])
     dataset = gb.OnDiskDataset(args.dataset).load()
     task = dataset.tasks[0]
@@ -126,11 +105,11 @@ def bare_loop(args):
     )
     datapipe = datapipe.sample_neighbor(dataset.graph, args.fanout)
     datapipe = datapipe.fetch_feature(dataset.feature, node_feature_keys=["feat"])
-    # As in the script on CPU: copy_to makes the DataLoader prefetch batches
+    # As upstream's example: copy_to makes the DataLoader prefetch batches
     # in a background thread.
     dataloader = gb.DataLoader(datapipe.copy_to("cpu"), num_workers=0)
     in_size = dataset.feature.size("node", None, "feat")[0]
-    model = SAGE(in_size, 256, task.metadata["num_classes"])
+    model = nc.SAGE(in_size, nc.HIDDEN_SIZE, task.metadata["num_classes"])
     optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
     for epoch in range(EPOCHS):
         start = time.time()
@@ -152,19 +131,6 @@ def bare_loop(args):
             f"Data Wait {data_wait:.4f}",
             flush=True,
         )
-
-
-def load_script(path):
-    """node_classification.py as a module (for its CPU settings)."""
-    spec = importlib.util.spec_from_file_location("node_classification", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def script_has_malloc_tuning(path):
-    with open(path) as f:
-        return "def keep_freed_memory(" in f.read()
 
 
 # ----------------------------------------------------------------- commands
@@ -536,9 +502,7 @@ def plan_runs(args):
     """(name, command, env overrides, ranks, threads, workers) per run."""
     runs = []
     if not args.no_bare:
-        allocators = ["default"]
-        if script_has_malloc_tuning(args.script):
-            allocators.append("tuned")
+        allocators = ["default", "tuned"]
         for threads, allocator in itertools.product(args.threads, allocators):
             name = f"bare {threads}t" + ("" if allocator == "default" else "+tuned")
             runs.append((name, bare_command(args, threads, allocator), {}, None, threads, 0))

@@ -18,7 +18,8 @@ Inputs:
   --split      random train,val,test fractions (default 0.6,0.2,0.2).
 
 Exit status: 0 on success, 2 on any error (bad arguments or bad data). Data
-errors print one line "error: <message>" to stderr and create nothing.
+errors print one line "convert_to_ondisk.py: error: <message>" to stderr
+and create nothing.
 """
 
 import argparse
@@ -207,7 +208,7 @@ def main(argv=None):
     try:
         summary = convert(args)
     except ondisk.DatasetError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"convert_to_ondisk.py: error: {err}", file=sys.stderr)
         return ERROR_EXIT
     sizes = summary["split_sizes"]
     print(

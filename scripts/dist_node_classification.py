@@ -49,37 +49,23 @@ import time
 import traceback
 
 import dgl
-import dgl.nn as dglnn
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-NUM_LAYERS = 3
-HIDDEN_SIZE = 256
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The model, its size and the gloo teardown are node_classification.py's.
+from node_classification import (  # noqa: E402
+    HIDDEN_SIZE,
+    NUM_LAYERS,
+    SAGE,
+    destroy_process_group,
+    fail,
+)
+
 DATASET_INFO_FILE = "dataset_info.json"  # written by partition_graph.py
-
-
-class SAGE(nn.Module):
-    def __init__(self, in_size, hidden_size, out_size):
-        super().__init__()
-        self.layers = nn.ModuleList()
-        # Three-layer GraphSAGE-mean, as in node_classification.py.
-        self.layers.append(dglnn.SAGEConv(in_size, hidden_size, "mean"))
-        self.layers.append(dglnn.SAGEConv(hidden_size, hidden_size, "mean"))
-        self.layers.append(dglnn.SAGEConv(hidden_size, out_size, "mean"))
-        self.dropout = nn.Dropout(0.5)
-
-    def forward(self, blocks, x):
-        hidden_x = x
-        for layer_idx, (layer, block) in enumerate(zip(self.layers, blocks)):
-            hidden_x = layer(block, hidden_x)
-            if layer_idx != len(self.layers) - 1:
-                hidden_x = F.relu(hidden_x)
-                hidden_x = self.dropout(hidden_x)
-        return hidden_x
 
 
 def create_dataloader(g, node_ids, fanout, batch_size, shuffle):
@@ -227,12 +213,8 @@ def run(args, plan):
     )
     if rank == 0:
         print(f"Test Accuracy {test_accuracy:.4f}", flush=True)
-    # Before the group is destroyed: wait for every trainer, then give gloo's
-    # worker threads a moment without the GIL to free the last collective's
-    # tensors. torch 2.2 destroys a gloo group while holding the GIL and waits
-    # for those threads, which deadlocks if one still needs the GIL.
+    # Nobody destroys the group before every trainer is done.
     dist.barrier()
-    time.sleep(0.2)
 
 
 def parse_args(argv=None):
@@ -308,9 +290,9 @@ def read_json(path, what):
         with open(path) as f:
             return json.load(f)
     except FileNotFoundError:
-        sys.exit(f"error: {what} {path} does not exist")
+        fail(f"{what} {path} does not exist")
     except json.JSONDecodeError as e:
-        sys.exit(f"error: {what} {path} is not valid JSON ({e})")
+        fail(f"{what} {path} is not valid JSON ({e})")
 
 
 def count_machines(ip_config):
@@ -318,7 +300,7 @@ def count_machines(ip_config):
         with open(ip_config) as f:
             return sum(1 for line in f if line.strip())
     except FileNotFoundError:
-        sys.exit(f"error: --ip-config {ip_config} does not exist")
+        fail(f"--ip-config {ip_config} does not exist")
 
 
 def plan_job(args):
@@ -328,40 +310,40 @@ def plan_job(args):
     one-line error instead of leaving some waiting for the others.
     """
     if args.ip_config is None or args.part_config is None:
-        sys.exit("error: --ip-config and --part-config are required")
+        fail("--ip-config and --part-config are required")
     try:
         fanout = [int(f) for f in args.fanout.split(",")]
     except ValueError:
         fanout = []
     if len(fanout) != NUM_LAYERS or any(f == 0 or f < -1 for f in fanout):
-        sys.exit(
-            f"error: --fanout needs {NUM_LAYERS} comma-separated positive "
+        fail(
+            f"--fanout needs {NUM_LAYERS} comma-separated positive "
             f"numbers (or -1), one per layer; got {args.fanout}"
         )
     if args.epochs < 1:
-        sys.exit(f"error: --epochs must be at least 1, got {args.epochs}")
+        fail(f"--epochs must be at least 1, got {args.epochs}")
     if args.batch_size < 1:
-        sys.exit(f"error: --batch-size must be at least 1, got {args.batch_size}")
+        fail(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.lr <= 0:
-        sys.exit(f"error: --lr must be positive, got {args.lr}")
+        fail(f"--lr must be positive, got {args.lr}")
     num_samplers = int(os.environ.get("DGL_NUM_SAMPLER", "0"))
     if args.num_workers != num_samplers:
-        sys.exit(
-            f"error: --num-workers {args.num_workers} differs from the "
+        fail(
+            f"--num-workers {args.num_workers} differs from the "
             f"launcher's sampler count DGL_NUM_SAMPLER={num_samplers}"
         )
     config = read_json(args.part_config, "--part-config")
     if "num_parts" not in config or "graph_name" not in config:
-        sys.exit(f"error: --part-config {args.part_config} is not a DGL partition config")
+        fail(f"--part-config {args.part_config} is not a DGL partition config")
     num_machines = count_machines(args.ip_config)
     if config["num_parts"] != num_machines:
-        sys.exit(
-            f"error: --part-config has {config['num_parts']} partitions but "
+        fail(
+            f"--part-config has {config['num_parts']} partitions but "
             f"--ip-config {args.ip_config} lists {num_machines} machines"
         )
     if args.use_graphbolt and "part_graph_graphbolt" not in config.get("part-0", {}):
-        sys.exit(
-            f"error: --use-graphbolt needs partitions written with "
+        fail(
+            f"--use-graphbolt needs partitions written with "
             f"partition_graph.py --use-graphbolt; {args.part_config} has none"
         )
     info_path = os.path.join(os.path.dirname(args.part_config), DATASET_INFO_FILE)
@@ -392,7 +374,7 @@ def main():
         os._exit(1)
     finally:
         if dist.is_initialized():
-            dist.destroy_process_group()
+            destroy_process_group()
 
 
 if __name__ == "__main__":

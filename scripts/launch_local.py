@@ -54,6 +54,15 @@ import threading
 import time
 
 DEFAULT_SCRIPT = os.path.join(os.path.dirname(__file__), "dist_node_classification.py")
+
+
+def fail(message):
+    """node_classification.fail's convention (one line, exit 2); the
+    launcher keeps its own so that it loads no torch."""
+    print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 # Interface name of each machine's link inside its own namespace.
 MACHINE_IFNAME = "eth0"
 # After the trainers finish, servers need a moment to receive the shutdown.
@@ -119,31 +128,31 @@ def validate_args(args):
     """One clear line for each bad value, before anything is created."""
     for name in ("num_machines", "trainers_per_machine", "servers_per_machine"):
         if getattr(args, name) < 1:
-            sys.exit(f"error: --{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+            fail(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.timeout <= 0:
-        sys.exit(f"error: --timeout must be positive, got {args.timeout}")
+        fail(f"--timeout must be positive, got {args.timeout}")
     if args.omp_threads is not None and args.omp_threads < 1:
-        sys.exit(f"error: --omp-threads must be at least 1, got {args.omp_threads}")
+        fail(f"--omp-threads must be at least 1, got {args.omp_threads}")
     if not os.path.isfile(args.script):
-        sys.exit(f"error: --script {args.script} does not exist")
+        fail(f"--script {args.script} does not exist")
     for flag in ("--ip-config", "--part-config"):
         if any(a == flag or a.startswith(flag + "=") for a in args.trainer_args):
-            sys.exit(f"error: do not pass {flag} after '--'; the launcher sets it")
+            fail(f"do not pass {flag} after '--'; the launcher sets it")
     if read_num_samplers(args.trainer_args) < 0:
-        sys.exit("error: --num-workers must not be negative")
+        fail("--num-workers must not be negative")
     try:
         with open(args.part_config) as f:
             config = json.load(f)
     except FileNotFoundError:
-        sys.exit(f"error: --part-config {args.part_config} does not exist")
+        fail(f"--part-config {args.part_config} does not exist")
     except (json.JSONDecodeError, UnicodeDecodeError):
-        sys.exit(f"error: --part-config {args.part_config} is not a DGL partition config")
+        fail(f"--part-config {args.part_config} is not a DGL partition config")
     num_parts = config.get("num_parts") if isinstance(config, dict) else None
     if num_parts is None:
-        sys.exit(f"error: --part-config {args.part_config} is not a DGL partition config")
+        fail(f"--part-config {args.part_config} is not a DGL partition config")
     if num_parts != args.num_machines:
-        sys.exit(
-            f"error: --part-config {args.part_config} has {num_parts} partitions "
+        fail(
+            f"--part-config {args.part_config} has {num_parts} partitions "
             f"but --num-machines is {args.num_machines}"
         )
 
@@ -151,11 +160,11 @@ def validate_args(args):
 def check_prerequisites():
     """Namespaces need root and iproute2/util-linux; say so in one line."""
     if os.geteuid() != 0:
-        sys.exit("error: launch_local.py needs root to create network and mount namespaces")
+        fail("launch_local.py needs root to create network and mount namespaces")
     tools = ("ip", "unshare", "nsenter", "setpriv")
     missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
-        sys.exit(f"error: launch_local.py needs {', '.join(missing)} (iproute2, util-linux) on PATH")
+        fail(f"launch_local.py needs {', '.join(missing)} (iproute2, util-linux) on PATH")
 
 
 def plan_job(args, run_id, work_dir):

@@ -29,7 +29,7 @@ node i of the partitioned graph).
 Call tree:
 main
 ├── parse_args / validate_args
-├── load_dataset               OnDiskDataset directory or BuiltinDataset name
+├── load_dataset               node_classification.py's (directory or builtin name)
 ├── dataset_to_dgl_graph       CSC graph + feat + label + train/val/test masks
 │   └── task_set_columns       seed ids and labels of one train/val/test set
 ├── read_num_classes
@@ -42,11 +42,12 @@ import os
 import sys
 
 import dgl
-import dgl.graphbolt as gb
 import torch
 
-# GraphBolt builtin datasets with one node type and a node classification task.
-BUILTIN_DATASETS = ["cora", "ogbn-arxiv", "ogbn-products", "ogbn-papers100M"]
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The dataset loader and the error convention are node_classification.py's.
+from node_classification import UsageError, fail, load_dataset  # noqa: E402
+
 # Node data the trainer reads from the DistGraph; the names are its contract.
 NODE_DATA = ("feat", "label", "train_mask", "val_mask", "test_mask")
 DATASET_INFO_FILE = "dataset_info.json"
@@ -54,30 +55,12 @@ DATASET_INFO_FILE = "dataset_info.json"
 ORIG_NIDS_FILE = "orig_nids.pt"
 
 
-def load_dataset(name_or_dir, root):
-    """Load an OnDiskDataset directory, or a GraphBolt builtin dataset by name."""
-    if os.path.isdir(name_or_dir):
-        if not os.path.isfile(os.path.join(name_or_dir, "metadata.yaml")):
-            sys.exit(f"error: no metadata.yaml in dataset directory {name_or_dir}")
-        return gb.OnDiskDataset(name_or_dir).load()
-    if name_or_dir not in BUILTIN_DATASETS:
-        sys.exit(
-            f"error: dataset directory {name_or_dir} does not exist (builtin "
-            f"names: {', '.join(BUILTIN_DATASETS)})"
-        )
-    # GraphBolt downloads a builtin dataset into root on first use.
-    try:
-        return gb.BuiltinDataset(name_or_dir, root).load()
-    except Exception as e:  # network and archive errors have many types
-        sys.exit(f"error: could not load builtin dataset {name_or_dir} into {root}: {e}")
-
-
 def task_set_columns(item_set, set_name):
     """Return (seed node ids, labels) of one node-classification set."""
     if item_set is None or item_set.names != ("seed_nodes", "labels"):
         names = None if item_set is None else item_set.names
-        sys.exit(
-            f"error: {set_name} must hold (seed_nodes, labels) for node "
+        fail(
+            f"{set_name} must hold (seed_nodes, labels) for node "
             f"classification, got {names}"
         )
     seed_nodes, labels = item_set[:]
@@ -88,7 +71,7 @@ def dataset_to_dgl_graph(dataset):
     """Build a homogeneous DGLGraph carrying every array the trainer needs."""
     graph = dataset.graph
     if graph.node_type_offset is not None:
-        sys.exit("error: heterogeneous graphs are not supported by this example")
+        fail("heterogeneous graphs are not supported by this example")
     num_nodes = graph.total_num_nodes
     indptr = graph.csc_indptr.long()
     # CSC: indptr runs over destination nodes, indices are the source nodes.
@@ -96,11 +79,11 @@ def dataset_to_dgl_graph(dataset):
     g = dgl.graph((graph.indices.long(), dst), num_nodes=num_nodes)
 
     if not dataset.tasks:
-        sys.exit("error: the dataset has no task; a node classification task is needed")
+        fail("the dataset has no task; a node classification task is needed")
     try:
         g.ndata["feat"] = dataset.feature.read("node", None, "feat")
     except KeyError:
-        sys.exit("error: the dataset has no node feature named feat")
+        fail("the dataset has no node feature named feat")
     # Nodes outside every set keep label -1: the trainer never reads them.
     g.ndata["label"] = torch.full((num_nodes,), -1, dtype=torch.int64)
     task = dataset.tasks[0]
@@ -121,7 +104,7 @@ def dataset_to_dgl_graph(dataset):
 def read_num_classes(dataset):
     num_classes = dataset.tasks[0].metadata.get("num_classes")
     if num_classes is None:
-        sys.exit("error: the dataset's task has no num_classes in metadata.yaml")
+        fail("the dataset's task has no num_classes in metadata.yaml")
     return int(num_classes)
 
 
@@ -223,15 +206,18 @@ def parse_args(argv=None):
 def validate_args(args):
     """Fail with one line before any heavy work."""
     if args.num_parts < 1:
-        sys.exit(f"error: --num-parts must be at least 1, got {args.num_parts}")
+        fail(f"--num-parts must be at least 1, got {args.num_parts}")
     if os.path.isfile(args.out):
-        sys.exit(f"error: --out {args.out} is a file, expected a directory")
+        fail(f"--out {args.out} is a file, expected a directory")
 
 
 def main():
     args = parse_args()
     validate_args(args)
-    dataset = load_dataset(args.dataset, args.root)
+    try:
+        dataset = load_dataset(args.dataset, args.root)
+    except UsageError as error:
+        fail(error)
     graph_name = args.graph_name or os.path.basename(
         os.path.normpath(args.dataset)
     )

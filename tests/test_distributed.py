@@ -212,8 +212,8 @@ def test_partition_outputs(partitions):
 
 
 @pytest.mark.parametrize("make_bad, message", [
-    (lambda tmp: tmp / "absent", "does not exist"),
-    (lambda tmp: tmp, "no metadata.yaml"),
+    (lambda tmp: tmp / "absent", "is neither a builtin dataset"),
+    (lambda tmp: tmp, "is a directory without metadata.yaml"),
 ], ids=["missing directory", "no metadata.yaml"])
 def test_partition_rejects_bad_dataset(tmp_path, make_bad, message):
     bad = make_bad(tmp_path)
@@ -222,8 +222,9 @@ def test_partition_rejects_bad_dataset(tmp_path, make_bad, message):
         ["--dataset", bad, "--num-parts", 2, "--out", tmp_path / "out"],
     )
     lines = done.stderr.strip().splitlines()
-    assert done.returncode != 0 and len(lines) == 1, done.stderr
-    assert lines[0].startswith("error: ") and message in lines[0] and str(bad) in lines[0]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("partition_graph.py: error: ")
+    assert message in lines[0] and str(bad) in lines[0]
 
 
 # --- Bad partition configs: caught before anything starts ------------------------
@@ -232,16 +233,19 @@ def test_partition_rejects_bad_dataset(tmp_path, make_bad, message):
 def test_launcher_rejects_missing_part_config(tmp_path):
     done = run_script(LAUNCHER, ["--part-config", tmp_path / "none.json",
                                  "--num-machines", 2, "--", "--epochs", 1])
-    assert done.returncode != 0
-    assert done.stderr.strip() == f"error: --part-config {tmp_path / 'none.json'} does not exist"
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"launch_local.py: error: --part-config {tmp_path / 'none.json'} "
+        "does not exist")
 
 
 def test_launcher_rejects_mismatched_part_config(partitions):
     done = run_script(LAUNCHER, ["--part-config", partitions["part_config"],
                                  "--num-machines", 3, "--", "--epochs", 1])
-    assert done.returncode != 0
+    assert done.returncode == 2
     assert done.stderr.strip() == (
-        f"error: --part-config {partitions['part_config']} has 2 partitions "
+        f"launch_local.py: error: --part-config {partitions['part_config']} "
+        "has 2 partitions "
         f"but --num-machines is 3"
     )
 
@@ -252,9 +256,10 @@ def test_trainer_rejects_mismatched_ip_config(partitions, tmp_path):
     ip_config.write_text("10.0.0.1\n10.0.0.2\n10.0.0.3\n")
     done = run_script(TRAINER, ["--ip-config", ip_config,
                                 "--part-config", partitions["part_config"]])
-    assert done.returncode != 0
+    assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (
-        f"error: --part-config has 2 partitions but --ip-config {ip_config} "
+        f"dist_node_classification.py: error: --part-config has 2 partitions "
+        f"but --ip-config {ip_config} "
         f"lists 3 machines"
     )
 

@@ -211,7 +211,7 @@ def test_bad_input_fails_cleanly(tmp_path, case):
     result = run(CONVERT, out, *convert_args(paths), *extra)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert len(lines) == 1 and lines[0].startswith("convert_to_ondisk.py: error: "), result.stderr
     assert input_name in lines[0] and problem in lines[0], lines[0]
     assert not out.exists()
     assert list(parent.iterdir()) == []  # no temp dirs either
