@@ -208,15 +208,15 @@ def test_plot_metrics_names_a_missing_log(tmp_path):
     assert "nothing/metrics.jsonl: no such file" in result.stderr
 
 
-def test_readme_snippet_loads_the_model_and_predicts(small_dataset, tmp_path):
+def test_docs_snippet_loads_the_model_and_predicts(small_dataset, tmp_path):
     run_dir = tmp_path / "run"
     trained = run_example(
         [*FAST, "--dataset", small_dataset, "--epochs", 1,
          "--checkpoint-dir", run_dir]
     )
     assert trained.returncode == 0, trained.stderr[-2000:]
-    readme = open(os.path.join(REPO, "README.md")).read()
-    blocks = [block.split("```")[0] for block in readme.split("```python\n")[1:]]
+    doc = open(os.path.join(REPO, "docs", "running.md")).read()
+    blocks = [block.split("```")[0] for block in doc.split("```python\n")[1:]]
     (snippet,) = [block for block in blocks if "model.pt" in block]
     snippet = snippet.replace("data/synthetic", small_dataset)
     snippet = snippet.replace("runs/a/model.pt", str(run_dir / "model.pt"))
