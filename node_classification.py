@@ -44,6 +44,7 @@ checks, checkpoints, CPU settings, the torchrun hand-off) support this path;
 a template user need not read them.
 """
 import argparse
+import copy
 import ctypes
 import inspect
 import itertools
@@ -53,6 +54,7 @@ import os
 import pickle
 import platform
 import random
+import signal
 import socket
 import sys
 import time
@@ -89,7 +91,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torchmetrics.functional as MF
 import tqdm
-from torch.distributed.algorithms.join import Join
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from torch.multiprocessing.reductions import ForkingPickler
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -124,7 +126,9 @@ class SAGE(nn.Module):
         return hidden_x
 
 
-def create_dataloader(graph, features, itemset, device, storage, is_train, args):
+def create_dataloader(
+    graph, features, itemset, device, storage, is_train, args, seed
+):
     ############################################################################
     # (HIGHLIGHT) Get a GraphBolt dataloader for node classification with
     # multi-process distributed training. DistributedItemSampler instead of
@@ -160,7 +164,9 @@ def create_dataloader(graph, features, itemset, device, storage, is_train, args)
     if storage == "cpu" and device.type == "cuda":
         datapipe = datapipe.copy_to(device)
     dataloader = gb.DataLoader(datapipe, args.num_workers, **options["DataLoader"])
-    return Loader(dataloader, item_sampler, len(itemset), is_train, args)
+    return Loader(
+        dataloader, item_sampler, len(itemset), is_train, args, seed is not None
+    )
 
 
 def weighted_reduce(tensor, weight, dst=0):
@@ -198,7 +204,9 @@ def evaluate(rank, model, loader, num_classes, device, name):
     return num_correct, num_items
 
 
-def train(rank, world_size, args, job, model, optimizer, loaders, device):
+def train(rank, world_size, args, job, model, optimizer, loaders, device, stop):
+    """Trains from where `job` starts; returns 0, or the signal that stopped
+    training (a resumable checkpoint is then saved)."""
     num_classes = job.config["num_classes"]
     for epoch in range(job.start_epoch, args.epochs):
         if job.seed is not None:
@@ -206,8 +214,8 @@ def train(rank, world_size, args, job, model, optimizer, loaders, device):
         epoch_start = synchronized_time(device)
 
         model.train()
-        total_loss = torch.tensor(0, dtype=torch.float, device=device)
-        num_train_items = 0
+        # Zero, or the sums of a run that stopped inside this epoch.
+        step, total_loss, num_train_items = job.position(epoch, rank, device)
         data_wait = 0.0
         ########################################################################
         # (HIGHLIGHT) Use Join Context Manager to solve uneven input problem.
@@ -218,12 +226,15 @@ def train(rank, world_size, args, job, model, optimizer, loaders, device):
         # samplers that do not. See
         # https://pytorch.org/tutorials/advanced/generic_join.html
         ########################################################################
-        with Join([model]):
+        with Join([model, stop]):
             step_end = time.time()
-            for data in loaders.train.batches(rank, f"train {epoch}"):
+            for data in loaders.train.batches(rank, f"train {epoch}", step):
                 # Host time spent waiting for the loader: sampling and
                 # feature fetching that no prefetch thread hid.
                 data_wait += time.time() - step_end
+                if job.seed is not None:
+                    # Dropout per step, so a run resumes at any step.
+                    seed_step(job.seed, rank, epoch, step)
                 # The input features are from the source nodes in the first
                 # layer's computation graph.
                 x = data.node_features["feat"]
@@ -245,7 +256,15 @@ def train(rank, world_size, args, job, model, optimizer, loaders, device):
 
                 total_loss += loss.detach() * y.size(0)
                 num_train_items += y.size(0)
+                step += 1
                 step_end = time.time()
+                # SIGTERM or SIGINT on any rank: every rank stops here.
+                if stop.agreed():
+                    break
+        if stop.signum:
+            position = (epoch, step, total_loss, num_train_items)
+            save_stop(args, job, model.module, optimizer, position, stop, rank)
+            return stop.signum
         train_time = synchronized_time(device) - epoch_start
 
         # Evaluate the model.
@@ -262,6 +281,17 @@ def train(rank, world_size, args, job, model, optimizer, loaders, device):
         # uneven batches), so the world trains this many.
         seeds_per_second = num_train_items * world_size / train_time
         if rank == 0:
+            record = {
+                "epoch": epoch,
+                "loss": total_loss.item(),
+                "val_accuracy": acc.item(),
+                "epoch_time": epoch_time,
+                "seeds_per_second": seeds_per_second,
+                "ranks": world_size,
+            }
+            # The checkpoint and metrics line first: an epoch line on the
+            # screen means its checkpoint is on disk.
+            save_epoch(args, job, model.module, optimizer, epoch, record)
             print(
                 f"Epoch {epoch:05d} | "
                 f"Average Loss {total_loss.item():.4f} | "
@@ -272,23 +302,21 @@ def train(rank, world_size, args, job, model, optimizer, loaders, device):
                 f"Data Wait {data_wait:.4f}",
                 flush=True,
             )
-            record = {
-                "epoch": epoch,
-                "loss": total_loss.item(),
-                "val_accuracy": acc.item(),
-                "epoch_time": epoch_time,
-                "seeds_per_second": seeds_per_second,
-                "ranks": world_size,
-            }
-            save_epoch(args, job, model.module, optimizer, epoch, record)
         # Nobody goes on until the checkpoint of this epoch is complete.
         if args.checkpoint_dir:
             barrier(device)
+        # A signal during evaluation stops here, at the epoch's checkpoint.
+        if stop.agreed() and epoch + 1 < args.epochs:
+            if rank == 0:
+                report_stop(args, stop.signum, epoch + 1, 0)
+            return stop.signum
+    return 0
 
 
-def run(rank, plan, args, job):
+def run(rank, plan, args, job, stop_request):
     """One training process (rank) from start to end. `job` is what the
-    parent loaded once for every rank, or None under torchrun."""
+    parent loaded once for every rank, or None under torchrun. Returns 0, or
+    the signal that stopped training (see StopSignal)."""
     # Init process group; the rank's device comes from the plan.
     device = torch.device(plan.devices[rank - plan.rank_offset])
     if device.type == "cuda":
@@ -300,6 +328,7 @@ def run(rank, plan, args, job):
         world_size=plan.world_size,
         rank=rank,
     )
+    stop = StopSignal(device, stop_request)
     if job is None:
         job = load_job_in_turn(rank, plan, args, device)
     # After loading, so that memory freed while loading goes back to the
@@ -320,14 +349,17 @@ def run(rank, plan, args, job):
     restore(job.checkpoint, model, optimizer, args.lr)
     model = DDP(model)
     if job.checkpoint is not None and rank == 0:
-        print(f"Resuming from {args.checkpoint_dir} at epoch {job.start_epoch}.")
+        step = job.checkpoint.get("step", 0)
+        at = f"epoch {job.start_epoch}" + (f", step {step}" if step else "")
+        print(f"Resuming from {args.checkpoint_dir} at {at}.")
 
     # Create data loaders.
     task = job.dataset.tasks[0]
 
     def dataloader(itemset, is_train):
         return create_dataloader(
-            graph, features, itemset, device, plan.storage, is_train, args
+            graph, features, itemset, device, plan.storage, is_train, args,
+            job.seed,
         )
 
     loaders = Loaders(
@@ -339,7 +371,13 @@ def run(rank, plan, args, job):
     # Model training.
     if rank == 0:
         print("Training...")
-    train(rank, plan.world_size, args, job, model, optimizer, loaders, device)
+    stopped_by = train(
+        rank, plan.world_size, args, job, model, optimizer, loaders, device,
+        stop,
+    )
+    if stopped_by:
+        barrier(device)
+        return stopped_by
 
     # Test the model.
     if rank == 0:
@@ -353,6 +391,7 @@ def run(rank, plan, args, job):
         save_result(args, model.module, test_acc.item(), plan.world_size)
     # Rank 0 hosts the rendezvous store: nobody leaves before all are done.
     barrier(device)
+    return 0
 
 
 def parse_args(argv=None):
@@ -482,13 +521,25 @@ def main(argv=None):
 
     # Thread limiting to avoid resource competition; no GPU in CPU ranks.
     os.environ.update(plan.rank_env)
+    stop_request = mp.get_context("spawn").Value("i", 0)
+    context = mp.spawn(
+        run_rank,
+        args=(plan, args, job, stop_request),
+        nprocs=plan.world_size,
+        join=False,
+    )
+    relay_stop_signals(context, stop_request)
     try:
-        mp.spawn(run_rank, args=(plan, args, job), nprocs=plan.world_size)
+        while not context.join():
+            pass
     except mp.ProcessRaisedException:
         # mp.spawn has already stopped the other ranks; each failed rank
         # printed its traceback.
         sys.exit("error: training failed; each failing rank's error is above")
     except mp.ProcessExitedException as error:
+        if stop_request.value:
+            # Stopped on request; rank 0 said where and how to resume.
+            sys.exit(128 + stop_request.value)
         sys.exit(f"error: training failed: {error}")
 
 
@@ -509,14 +560,20 @@ class Loader:
     num_items: int
     is_train: bool
     args: argparse.Namespace
+    seeded: bool
 
-    def batches(self, rank, name):
-        """The mini-batches, at most --max-batches of them; on rank 0 with a
+    def batches(self, rank, name, skip=0):
+        """The mini-batches, at most --max-batches of them, after sampling
+        and dropping the first `skip` (a resumed epoch); on rank 0 with a
         progress bar."""
-        batches = itertools.islice(self.dataloader, self.args.max_batches)
+        batches = self.dataloader
+        if self.seeded:
+            batches = sample_serially(batches)
+        batches = itertools.islice(batches, skip, self.args.max_batches)
         if rank != 0:
             return batches
-        return tqdm.tqdm(batches, desc=name, total=self.rank0_batches())
+        total = self.rank0_batches()
+        return tqdm.tqdm(batches, desc=name, total=total, initial=skip)
 
     def rank0_batches(self):
         """How many batches rank 0 gets (for the progress bar): training
@@ -525,6 +582,25 @@ class Loader:
         whole, rest = divmod(self.num_items, per_round)
         total = whole + (0 if self.is_train else rest > 0)
         return min(total, self.args.max_batches or total)
+
+
+def sample_serially(batches):
+    """Yields the loader's batches, sampling each with one thread. With more,
+    dgl 2.1.0's sampling is not repeatable: only the calling thread's random
+    engine is seeded, and unique_and_compact numbers ids in whichever order
+    the threads insert them. Training keeps all threads. Costs about 15%
+    with 1 rank x 2 threads on a 200k-node graph; nothing with 1 thread."""
+    threads = torch.get_num_threads()
+    iterator = iter(batches)
+    while True:
+        torch.set_num_threads(1)
+        try:
+            batch = next(iterator, None)
+        finally:
+            torch.set_num_threads(threads)
+        if batch is None:
+            return
+        yield batch
 
 
 @dataclass
@@ -610,16 +686,12 @@ def synchronized_time(device):
 
 
 def seed_epoch(seed, rank, epoch, item_sampler):
-    """Derives this rank's randomness for one epoch (shuffling, dropout,
-    neighbor sampling) from (seed, rank, epoch), like PyTorch's
+    """Derives this rank's randomness for one epoch (shuffling, neighbor
+    sampling) from (seed, rank, epoch), like PyTorch's
     DistributedSampler.set_epoch: the same seed repeats a run, and a resumed
-    run shuffles and drops out exactly as an uninterrupted one.
-
-    Limit (dgl 2.1.0): GraphBolt's per-thread random streams also depend on
-    the process's history, so a resumed run samples other neighbors."""
-    epoch_seed = int(
-        np.random.SeedSequence([seed, rank, epoch]).generate_state(1)[0]
-    )
+    run (which samples the batches it skips) continues it exactly. Sampling
+    is serial under a seed (sample_serially); dropout is seeded per step."""
+    epoch_seed = derived_seed(seed, rank, epoch)
     random.seed(epoch_seed)
     np.random.seed(epoch_seed)
     torch.manual_seed(epoch_seed)
@@ -628,6 +700,14 @@ def seed_epoch(seed, rank, epoch, item_sampler):
     # np.random.default_rng() and takes no seed argument, so replace it.
     if hasattr(item_sampler, "_rng"):
         item_sampler._rng = np.random.default_rng(epoch_seed)
+
+
+def seed_step(seed, rank, epoch, step):
+    torch.manual_seed(derived_seed(seed, rank, epoch, step))
+
+
+def derived_seed(*entropy):
+    return int(np.random.SeedSequence(list(entropy)).generate_state(1)[0])
 
 
 def keep_freed_memory():
@@ -670,11 +750,12 @@ def poll_less(interval=0.001):
             setattr(prefetcher, name, max(getattr(prefetcher, name), interval))
 
 
-def run_rank(rank, plan, args, job):
+def run_rank(rank, plan, args, job, stop_request=None):
     """The entry point of each rank: run() with its failure reported and its
-    process group torn down."""
+    process group torn down. A rank that stopped on a signal exits with
+    128 + the signal's number, as a process killed by it would."""
     try:
-        run(rank, plan, args, job)
+        stopped_by = run(rank, plan, args, job, stop_request)
     except Exception:
         # Report every failing rank here: the launcher shows only one, often
         # a peer's "connection closed" instead of the cause.
@@ -683,6 +764,89 @@ def run_rank(rank, plan, args, job):
     finally:
         if dist.is_initialized():
             destroy_process_group()
+    if stopped_by:
+        sys.exit(128 + stopped_by)
+
+
+class StopSignal(Joinable):
+    """SIGTERM or SIGINT (a scheduler's preemption, Ctrl-C) stops every rank
+    at the next step boundary with a checkpoint to resume from; a second one
+    stops at once. A rank cannot stop alone (DDP would hang), so at every
+    boundary the ranks agree with one small all-reduce. It is a Joinable so
+    that, under Join, a rank that ran out of batches keeps answering.
+
+    With mp.spawn the launcher receives the signal (a Ctrl-C reaches every
+    process, so ranks ignore SIGINT) and passes it on in `stop_request`, a
+    shared integer; under torchrun each rank receives it itself."""
+
+    def __init__(self, device, stop_request):
+        super().__init__()
+        self.device = device
+        self.stop_request = stop_request
+        self.received = 0  # the signal, under torchrun
+        self.signum = 0  # what the ranks agreed on
+        if stop_request is None:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, self._receive)
+        else:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def _receive(self, signum, frame):
+        if self.received:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        self.received = signum
+
+    def agreed(self):
+        """True on every rank once any rank has received a signal."""
+        Join.notify_join_context(self)
+        return self.all_reduce() > 0
+
+    def all_reduce(self):
+        received = self.received
+        if self.stop_request is not None:
+            received = self.stop_request.value
+        flag = torch.tensor([received], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self.signum = int(flag.item())
+        return self.signum
+
+    def join_hook(self, **kwargs):
+        return _AnswerStopSignal(self)
+
+    @property
+    def join_device(self):
+        return self.device
+
+    @property
+    def join_process_group(self):
+        return dist.group.WORLD
+
+
+class _AnswerStopSignal(JoinHook):
+    """What a rank that joined early does in each step of the others."""
+
+    def __init__(self, stop):
+        self.stop = stop
+
+    def main_hook(self):
+        self.stop.all_reduce()
+
+
+def relay_stop_signals(context, stop_request):
+    """In the launcher: the first SIGTERM or SIGINT asks the ranks to stop
+    at the next step boundary; a second kills them."""
+
+    def relay(signum, frame):
+        if stop_request.value:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+            os._exit(128 + signum)
+        stop_request.value = signum
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, relay)
 
 
 def barrier(device):
@@ -728,6 +892,15 @@ class Job:
     start_epoch: int
     seed: int
 
+    def position(self, epoch, rank, device):
+        """(step, loss sum, item count) where this rank's `epoch` starts:
+        zero, or where a run stopped inside it."""
+        step, sums = 0, (0.0, 0)
+        if self.checkpoint and epoch == self.start_epoch:
+            step = self.checkpoint.get("step", 0)
+            sums = self.checkpoint["partial"][rank] if step else sums
+        return step, torch.tensor(sums[0], device=device), sums[1]
+
 
 def load_job(args, world_size):
     """Loads and checks what every rank needs (see Job)."""
@@ -742,7 +915,7 @@ def load_job(args, world_size):
     checkpoint, start_epoch, seed = None, 0, args.seed
     if args.resume:
         checkpoint = load_checkpoint(args.checkpoint_dir, config)
-        check_resume(checkpoint, args)
+        check_resume(checkpoint, args, world_size)
         start_epoch = checkpoint["epoch"]
         # Without --seed the run continues the checkpoint's sequence.
         seed = checkpoint["seed"] if seed is None else seed
@@ -858,7 +1031,10 @@ def restore(checkpoint, model, optimizer, lr):
     if checkpoint is None:
         return
     model.load_state_dict(checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
+    # A copy: the checkpoint reached this rank through shared memory, and
+    # load_state_dict keeps CPU tensors as they are, so otherwise every
+    # rank would step the same Adam state.
+    optimizer.load_state_dict(copy.deepcopy(checkpoint["optimizer"]))
     for group in optimizer.param_groups:
         group["lr"] = lr
 
@@ -874,17 +1050,53 @@ def save_epoch(args, job, module, optimizer, epoch, record):
         append_metrics(args.log_dir, record)
 
 
-def save_checkpoint(directory, module, optimizer, next_epoch, seed, config):
-    # Every epoch's randomness derives from (seed, rank, epoch), so the seed
-    # and the next epoch are all the random state a resumed run needs.
+def save_checkpoint(
+    directory, module, optimizer, epoch, seed, config, step=0, partial=None
+):
+    # Randomness derives from (seed, rank, epoch, step), so the seed and the
+    # position are all the random state a resumed run needs. A run stopped
+    # inside `epoch` after `step` steps also keeps each rank's loss sum and
+    # item count so far (`partial`), for the epoch's average.
     checkpoint = {
         "model": module.state_dict(),
         "optimizer": optimizer.state_dict(),
-        "epoch": next_epoch,
+        "epoch": epoch,
+        "step": step,
+        "partial": partial,
         "seed": seed,
         "config": config,
     }
     save_atomically(checkpoint, os.path.join(directory, CHECKPOINT_FILE))
+
+
+def save_stop(args, job, module, optimizer, position, stop, rank):
+    """Every rank, when a signal stopped training inside an epoch: rank 0
+    saves where, with every rank's sums, and says how to go on."""
+    epoch, step, total_loss, num_items = position
+    sums = torch.tensor([total_loss.item(), num_items], dtype=torch.float64)
+    gathered = [torch.zeros_like(sums) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, sums.to(stop.device))
+    if rank != 0:
+        return
+    if args.checkpoint_dir:
+        partial = [[loss, int(count)] for loss, count in
+                   (g.tolist() for g in gathered)]
+        save_checkpoint(
+            args.checkpoint_dir, module, optimizer, epoch, job.seed,
+            job.config, step, partial,
+        )
+    report_stop(args, stop.signum, epoch, step)
+
+
+def report_stop(args, signum, epoch, step):
+    where = f"epoch {epoch}" + (f" after step {step}" if step else "")
+    if args.checkpoint_dir:
+        then = (f"checkpoint saved in {args.checkpoint_dir}; run the same "
+                "command with --resume to continue")
+    else:
+        then = "nothing saved (no --checkpoint-dir)"
+    print(f"Stopped by {signal.Signals(signum).name} in {where}: {then}.",
+          flush=True)
 
 
 def save_result(args, module, test_accuracy, world_size):
@@ -923,17 +1135,21 @@ def load_checkpoint(directory, config):
     if not os.path.isfile(path):
         raise UsageError(f"--resume: there is no checkpoint '{path}'")
     try:
-        checkpoint = torch.load(path, map_location="cpu")
+        # Tensors and plain containers only: nothing in the file can run.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
         missing = {"model", "optimizer", "epoch", "seed", "config"} - set(checkpoint)
         if missing:
             raise KeyError(f"no {', '.join(sorted(missing))}")
         saved_config = checkpoint["config"]
-    except Exception as error:
-        reason = (str(error).splitlines() or [""])[0]
+    except pickle.UnpicklingError as error:
+        if "Weights only load failed" not in str(error):
+            raise UsageError(unreadable(path, error)) from None
         raise UsageError(
-            f"checkpoint '{path}' is unreadable, truncated or corrupted "
-            f"({type(error).__name__}: {reason})"
+            f"checkpoint '{path}' holds objects other than tensors and plain "
+            "data, which could run code when loaded; refused, nothing in it ran"
         ) from None
+    except Exception as error:
+        raise UsageError(unreadable(path, error)) from None
     for key, value in config.items():
         if saved_config.get(key) != value:
             raise UsageError(
@@ -943,7 +1159,22 @@ def load_checkpoint(directory, config):
     return checkpoint
 
 
-def check_resume(checkpoint, args):
+def unreadable(path, error):
+    reason = (str(error).splitlines() or [""])[0]
+    return (
+        f"checkpoint '{path}' is unreadable, truncated or corrupted "
+        f"({type(error).__name__}: {reason})"
+    )
+
+
+def check_resume(checkpoint, args, world_size):
+    partial = checkpoint.get("partial")
+    if checkpoint.get("step") and len(partial or []) != world_size:
+        raise UsageError(
+            f"checkpoint stopped inside epoch {checkpoint['epoch']} with "
+            f"{len(partial or [])} ranks; resume it with as many, not "
+            f"{world_size}"
+        )
     if args.seed is not None and args.seed != checkpoint["seed"]:
         raise UsageError(
             f"--seed {args.seed}: the checkpoint was made with --seed "

@@ -3,8 +3,11 @@ by scripts/make_synthetic_dataset.py, and a runner for node_classification.py.
 Everything runs on CPU ranks with the gloo backend."""
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -70,16 +73,69 @@ def no_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
 
 
-def run_example(args, timeout=120, env=None, script=SCRIPT):
-    """Runs node_classification.py to completion; returns CompletedProcess."""
-    return subprocess.run(
-        [sys.executable, script, *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+def start(command, env=None):
+    """Starts a command in a session of its own, so that kill_session() ends
+    it with every process it started (spawned ranks included)."""
+    return subprocess.Popen(
+        [str(part) for part in command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         cwd=REPO,
         env={**os.environ, **(env or {})},
+        start_new_session=True,
     )
+
+
+def kill_session(process):
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def finish(process, timeout):
+    """Waits for a started process; on timeout kills its session and fails
+    the test with the end of its output. Returns CompletedProcess (text)."""
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_session(process)
+        out, err = process.communicate()
+        pytest.fail(
+            f"{process.args[:3]} did not finish in {timeout} s:\n"
+            f"{out.decode()[-2000:]}\n{err.decode()[-2000:]}"
+        )
+    return subprocess.CompletedProcess(
+        process.args, process.returncode, out.decode(), err.decode()
+    )
+
+
+def read_until(process, pattern, timeout, stream="stdout"):
+    """Reads a started process's stdout (or stderr) until the regular
+    expression `pattern` matches; returns what was read. Fails the test,
+    killing the session, if the deadline passes or the stream ends first."""
+    fd = getattr(process, stream).fileno()
+    deadline, text = time.monotonic() + timeout, ""
+    while not re.search(pattern, text):
+        left = deadline - time.monotonic()
+        ready = select.select([fd], [], [], max(left, 0))[0] if left > 0 else []
+        chunk = os.read(fd, 65536) if ready else b""
+        if not chunk:
+            kill_session(process)
+            pytest.fail(f"no {pattern!r} within {timeout} s:\n{text[-3000:]}")
+        text += chunk.decode(errors="replace")
+    return text
+
+
+def run_example(args, timeout=120, env=None, script=SCRIPT):
+    """Runs node_classification.py to completion within `timeout` seconds
+    (else kills it with its ranks and fails); returns CompletedProcess."""
+    process = start([sys.executable, script, *args], env=env)
+    try:
+        return finish(process, timeout)
+    finally:
+        kill_session(process)
 
 
 def epoch_lines(stdout):

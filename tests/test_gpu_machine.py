@@ -83,7 +83,7 @@ def _build_cpu_loader_where_torch_claims_cuda(rank, dataset_dir):
     args = nc.parse_args(["--batch-size", "64", "--fanout", "5,5,5"])
     loader = nc.create_dataloader(
         dataset.graph, dataset.feature, dataset.tasks[0].train_set,
-        torch.device("cpu"), "cpu", True, args,
+        torch.device("cpu"), "cpu", True, args, None,
     )
     return type(loader.dataloader).__name__
 

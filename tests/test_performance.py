@@ -111,7 +111,7 @@ def _loader_threads(rank, dataset_dir):
     def loader(storage, device):
         return nc.create_dataloader(
             dataset.graph, dataset.feature, dataset.tasks[0].train_set,
-            torch.device(device), storage, True, args,
+            torch.device(device), storage, True, args, None,
         ).dataloader
 
     stages = {}
