@@ -185,7 +185,7 @@ def weighted_reduce(tensor, weight, dst=0):
 
 
 @torch.no_grad()
-def evaluate(rank, model, loader, num_classes, device, name):
+def evaluate(rank, model, loader, num_classes, device, name, autocast):
     """Returns (number of correct predictions, number of items) on this rank.
     Counting, instead of concatenating predictions, works when a rank
     receives no items at all."""
@@ -193,8 +193,11 @@ def evaluate(rank, model, loader, num_classes, device, name):
     num_correct = torch.tensor(0.0, device=device)
     num_items = 0
     for data in loader.batches(rank, name):
-        # Call the wrapped module: no DDP hooks, no collectives.
-        y_hat = model.module(data.blocks, data.node_features["feat"])
+        x = data.node_features["feat"]
+        with torch.autocast(device.type, torch.bfloat16, enabled=autocast):
+            # Call the wrapped module: no DDP hooks, no collectives.
+            y_hat = model.module(data.blocks, x if autocast else x.float())
+        y_hat = y_hat.float()
         y = data.labels
         accuracy = MF.accuracy(
             y_hat, y, task="multiclass", num_classes=num_classes
@@ -204,10 +207,14 @@ def evaluate(rank, model, loader, num_classes, device, name):
     return num_correct, num_items
 
 
-def train(rank, world_size, args, job, model, optimizer, loaders, device, stop):
+def train(rank, plan, args, job, model, optimizer, loaders, device, stop):
     """Trains from where `job` starts; returns 0, or the signal that stopped
     training (a resumable checkpoint is then saved)."""
     num_classes = job.config["num_classes"]
+    # --precision bf16: features are stored in bfloat16 and, where the
+    # device computes bf16 natively (plan.autocast), the forward pass runs
+    # under autocast; parameters, optimizer, loss and metrics stay fp32.
+    autocast = plan.autocast
     for epoch in range(job.start_epoch, args.epochs):
         if job.seed is not None:
             seed_epoch(job.seed, rank, epoch, loaders.train.item_sampler)
@@ -245,10 +252,11 @@ def train(rank, world_size, args, job, model, optimizer, loaders, device, stop):
 
                 blocks = data.blocks
 
-                y_hat = model(blocks, x)
+                with torch.autocast(device.type, torch.bfloat16, enabled=autocast):
+                    y_hat = model(blocks, x if autocast else x.float())
 
-                # Compute loss.
-                loss = F.cross_entropy(y_hat, y)
+                # Compute loss (in fp32).
+                loss = F.cross_entropy(y_hat.float(), y)
 
                 optimizer.zero_grad()
                 loss.backward()
@@ -271,7 +279,8 @@ def train(rank, world_size, args, job, model, optimizer, loaders, device, stop):
         if rank == 0:
             print("Validating...")
         num_correct, num_val_items = evaluate(
-            rank, model, loaders.valid, num_classes, device, f"validate {epoch}"
+            rank, model, loaders.valid, num_classes, device,
+            f"validate {epoch}", autocast,
         )
         total_loss = weighted_reduce(total_loss, num_train_items)
         acc = weighted_reduce(num_correct, num_val_items)
@@ -279,7 +288,7 @@ def train(rank, world_size, args, job, model, optimizer, loaders, device, stop):
         epoch_time = synchronized_time(device) - epoch_start
         # Every rank trains the same number of items (the sampler drops
         # uneven batches), so the world trains this many.
-        seeds_per_second = num_train_items * world_size / train_time
+        seeds_per_second = num_train_items * plan.world_size / train_time
         if rank == 0:
             record = {
                 "epoch": epoch,
@@ -287,7 +296,7 @@ def train(rank, world_size, args, job, model, optimizer, loaders, device, stop):
                 "val_accuracy": acc.item(),
                 "epoch_time": epoch_time,
                 "seeds_per_second": seeds_per_second,
-                "ranks": world_size,
+                "ranks": plan.world_size,
             }
             # The checkpoint and metrics line first: an epoch line on the
             # screen means its checkpoint is on disk.
@@ -372,8 +381,7 @@ def run(rank, plan, args, job, stop_request):
     if rank == 0:
         print("Training...")
     stopped_by = train(
-        rank, plan.world_size, args, job, model, optimizer, loaders, device,
-        stop,
+        rank, plan, args, job, model, optimizer, loaders, device, stop
     )
     if stopped_by:
         barrier(device)
@@ -383,7 +391,8 @@ def run(rank, plan, args, job, stop_request):
     if rank == 0:
         print("Testing...")
     num_correct, num_test_items = evaluate(
-        rank, model, loaders.test, config["num_classes"], device, "test"
+        rank, model, loaders.test, config["num_classes"], device, "test",
+        plan.autocast,
     )
     test_acc = weighted_reduce(num_correct, num_test_items)
     if rank == 0:
@@ -451,6 +460,12 @@ def parse_args(argv=None):
         " otherwise cpu-cpu.",
     )
     parser.add_argument(
+        "--precision", default="fp32", choices=["fp32", "bf16"],
+        help="bf16: node features stored in bfloat16 (half the memory and"
+        " the bytes each batch gathers) and the forward pass under autocast;"
+        " parameters, optimizer, loss and metrics stay fp32.",
+    )
+    parser.add_argument(
         "--threads", type=int_at_least(1), default=None,
         help="CPU threads per rank for PyTorch and sampling (default: the"
         " machine's cores divided by the ranks on it).",
@@ -492,14 +507,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        plan = plan_run(
-            args,
-            os.environ,
-            torch.cuda.is_available(),
-            dgl_has_cuda(),
-            torch.cuda.device_count(),
-            len(os.sched_getaffinity(0)),
-        )
+        plan = plan_run(args, os.environ, detect_machine(args.precision))
         if plan.rank_offset == 0:
             for notice in plan.notices:
                 print(notice)
@@ -905,6 +913,12 @@ class Job:
 def load_job(args, world_size):
     """Loads and checks what every rank needs (see Job)."""
     dataset = load_dataset(args.dataset, args.data_root)
+    if args.precision == "bf16":
+        # Once, where the data is loaded: the ranks share this bf16 copy and
+        # the fp32 one is released.
+        feat = dataset.feature.read(*FEAT_KEY)
+        dataset.feature.update(*FEAT_KEY, feat.to(torch.bfloat16))
+        del feat
     check_train_split(
         len(dataset.tasks[0].train_set), args.batch_size, world_size
     )
@@ -1022,6 +1036,7 @@ def model_config(args, dataset):
         "in_size": dataset.feature.size(*FEAT_KEY)[0],
         "hidden_size": HIDDEN_SIZE,
         "num_classes": dataset.tasks[0].metadata["num_classes"],
+        "precision": args.precision,
     }
 
 
@@ -1207,6 +1222,7 @@ class Plan:
     devices: list  # device strings, indexed by rank - rank_offset
     init_method: str
     threads: int
+    autocast: bool  # bf16 autocast in the forward pass
     rank_env: dict  # environment for spawned ranks
     notices: list  # lines to print before training
 
@@ -1221,10 +1237,50 @@ def dgl_has_cuda():
     )
 
 
-def plan_run(args, env, cuda_available, dgl_cuda, num_cuda_devices, num_cores):
+@dataclass(frozen=True)
+class Machine:
+    """What plan_run needs to know about this machine (tests make their own)."""
+
+    cuda: bool  # torch sees CUDA devices
+    dgl_cuda: bool  # DGL and GraphBolt were built with CUDA
+    num_gpus: int
+    num_cores: int
+    gpu_bf16: bool = True  # the GPUs compute in bfloat16
+    cpu_bf16: bool = False  # the CPU computes bfloat16 natively
+
+
+def detect_machine(precision):
+    cuda, dgl_cuda = torch.cuda.is_available(), dgl_has_cuda()
+    # Asked only when it matters: it initializes CUDA in this process.
+    gpu_bf16 = not (precision == "bf16" and cuda and dgl_cuda) or (
+        torch.cuda.is_bf16_supported()
+    )
+    cores = len(os.sched_getaffinity(0))
+    return Machine(
+        cuda, dgl_cuda, torch.cuda.device_count(), cores, gpu_bf16,
+        cpu_has_bf16(),
+    )
+
+
+def cpu_has_bf16():
+    """True if the CPU has bfloat16 instructions (AVX512-BF16, AMX). Without
+    them torch computes bf16 with scalar code: a SAGE step under autocast
+    took 25x longer than in fp32 on an AVX2 machine."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def plan_run(args, env, machine):
     """The one place that decides devices, backend, world size, rendezvous
-    and threads. Everything it needs comes in as arguments (torch's CUDA,
-    DGL's CUDA) so that every case can be checked without a GPU."""
+    and threads. Everything it needs comes in as arguments (the Machine:
+    torch's CUDA, DGL's CUDA) so that every case can be checked without a
+    GPU."""
+    cuda_available, dgl_cuda = machine.cuda, machine.dgl_cuda
+    num_cuda_devices, num_cores = machine.num_gpus, machine.num_cores
     mode, notices = args.mode, []
     if mode == "auto":
         mode = "pinned-cuda" if cuda_available and dgl_cuda else "cpu-cpu"
@@ -1241,7 +1297,7 @@ def plan_run(args, env, cuda_available, dgl_cuda, num_cuda_devices, num_cores):
                 f"{INSTALL_CUDA_DGL}"
             )
     storage, train_device = mode.split("-")
-    check_mode(args, mode, cuda_available, dgl_cuda)
+    check_mode(args, mode, machine)
 
     torchrun = all(key in env for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     if torchrun:
@@ -1274,6 +1330,15 @@ def plan_run(args, env, cuda_available, dgl_cuda, num_cuda_devices, num_cores):
             "Note: with --num-workers > 0 sampling runs in worker processes "
             "that --seed does not reach; runs will differ."
         )
+    autocast = args.precision == "bf16" and (
+        train_device == "cuda" or machine.cpu_bf16
+    )
+    if args.precision == "bf16" and not autocast:
+        notices.append(
+            "--precision bf16: this CPU has no bfloat16 instructions "
+            "(AVX512-BF16, AMX), so features are stored in bf16 (half the "
+            "memory) and the model computes in fp32."
+        )
     # Upstream's cpu_count // 2 // world_size is 0 on small machines.
     threads = args.threads or max(1, num_cores // local_world_size)
     rank_env = {"OMP_NUM_THREADS": str(threads)}
@@ -1293,14 +1358,16 @@ def plan_run(args, env, cuda_available, dgl_cuda, num_cuda_devices, num_cores):
         devices=devices,
         init_method=init_method,
         threads=threads,
+        autocast=autocast,
         rank_env=rank_env,
         notices=notices,
     )
 
 
-def check_mode(args, mode, cuda_available, dgl_cuda):
+def check_mode(args, mode, machine):
     """Refuses a mode this machine cannot run, or options it cannot use."""
     storage, train_device = mode.split("-")
+    cuda_available, dgl_cuda = machine.cuda, machine.dgl_cuda
     if train_device == "cuda" and not cuda_available:
         raise UsageError(
             f"--mode {mode} needs CUDA, but no CUDA device is available; "
@@ -1316,6 +1383,13 @@ def check_mode(args, mode, cuda_available, dgl_cuda):
             f"--gpu-cache-size {args.gpu_cache_size} needs a CUDA training "
             f"device with pinned features (--mode pinned-cuda), but --mode "
             f"is {mode}"
+        )
+    if args.precision == "bf16" and train_device == "cuda" and not (
+        machine.gpu_bf16
+    ):
+        raise UsageError(
+            "--precision bf16: this GPU does not compute in bfloat16 "
+            "(torch.cuda.is_bf16_supported() is False); use --precision fp32"
         )
     if args.num_workers > 0 and storage != "cpu":
         raise UsageError(

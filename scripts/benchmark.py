@@ -99,6 +99,12 @@ def bare_loop(args):
         nc.poll_less()
     torch.set_num_threads(args.threads[0])
     dataset = gb.OnDiskDataset(args.dataset).load()
+    bf16 = args.precision == ["bf16"]
+    if bf16:
+        # As the script's --precision bf16: bf16 features, autocast.
+        feat = dataset.feature.read("node", None, "feat")
+        dataset.feature.update("node", None, "feat", feat.to(torch.bfloat16))
+        del feat
     task = dataset.tasks[0]
     datapipe = gb.ItemSampler(
         task.train_set, batch_size=args.batch_size, shuffle=True, drop_last=True
@@ -117,8 +123,9 @@ def bare_loop(args):
         step_end = time.time()
         for data in itertools.islice(dataloader, args.batches):
             data_wait += time.time() - step_end
-            y_hat = model(data.blocks, data.node_features["feat"])
-            loss = F.cross_entropy(y_hat, data.labels)
+            with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+                y_hat = model(data.blocks, data.node_features["feat"])
+            loss = F.cross_entropy(y_hat.float(), data.labels)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -134,7 +141,7 @@ def bare_loop(args):
 
 
 # ----------------------------------------------------------------- commands
-def bare_command(args, threads, allocator):
+def bare_command(args, threads, allocator, precision):
     return [
         sys.executable,
         os.path.abspath(__file__),
@@ -152,10 +159,12 @@ def bare_command(args, threads, allocator):
         ",".join(map(str, args.fanout)),
         "--script",
         args.script,
+        "--precision",
+        precision,
     ]
 
 
-def script_command(args, launcher, ranks, threads, workers):
+def script_command(args, launcher, ranks, threads, workers, precision):
     if launcher == "torchrun":
         start = [sys.executable, "-m", "torch.distributed.run",
                  f"--nproc-per-node={ranks}", args.script]
@@ -179,6 +188,8 @@ def script_command(args, launcher, ranks, threads, workers):
         str(args.batch_size),
         "--fanout",
         ",".join(map(str, args.fanout)),
+        "--precision",
+        precision,
     ]
 
 
@@ -340,6 +351,7 @@ COLUMNS = [  # (title, width, format, key)
     ("worst", 6, ".0f", "worst_seeds_per_s"),
     ("x bare", 6, ".2f", "vs_bare"),
     ("x 1rank", 7, ".2f", "vs_one_rank"),
+    ("x fp32", 6, ".2f", "vs_fp32"),
     ("s/batch", 7, ".3f", "s_per_batch"),
     ("wait", 6, ".3f", "wait_per_batch"),
     ("compute", 7, ".3f", "compute_per_batch"),
@@ -375,25 +387,31 @@ def add_ratios(runs):
     """x bare: against the bare loop (default allocator) with as many threads
     per process; x 1rank: against one rank with the same threads and workers."""
     bare = {
-        r["threads"]: r
+        (r["threads"], r["precision"]): r
         for r in runs
-        if r["name"].startswith("bare ") and not r["name"].endswith("+tuned")
+        if r["name"].startswith("bare ") and "+tuned" not in r["name"]
     }
     one_rank = {
-        (r["threads"], r["workers"]): r
+        (r["threads"], r["workers"], r["precision"]): r
         for r in runs
         if r.get("ranks") == 1 and "seeds_per_s" in r
     }
+    # The same run in fp32: what the same name has without " bf16".
+    fp32 = {r["name"]: r for r in runs if r["precision"] == "fp32"}
     for run in runs:
         if "seeds_per_s" not in run:
             continue
-        base = bare.get(run["threads"])
+        base = bare.get((run["threads"], run["precision"]))
         if base and "seeds_per_s" in base and base is not run:
             run["vs_bare"] = run["seeds_per_s"] / base["seeds_per_s"]
         if run.get("ranks"):
-            single = one_rank.get((run["threads"], run["workers"]))
+            key = (run["threads"], run["workers"], run["precision"])
+            single = one_rank.get(key)
             if single and single is not run:
                 run["vs_one_rank"] = run["seeds_per_s"] / single["seeds_per_s"]
+        same = fp32.get(run["name"].replace(f" {run['precision']}", ""))
+        if same and same is not run and "seeds_per_s" in same:
+            run["vs_fp32"] = run["seeds_per_s"] / same["seeds_per_s"]
 
 
 def wait_for_load(threshold, deadline):
@@ -420,6 +438,13 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def precision_list(text):
+    values = text.split(",")
+    if not values or any(v not in ("fp32", "bf16") for v in values):
+        raise argparse.ArgumentTypeError(f"'{text}': fp32, bf16 or fp32,bf16")
+    return values
+
+
 def parse_args(argv=None):
     parser = ArgumentParser(
         description="Throughput, CPU and memory of node_classification.py "
@@ -440,6 +465,11 @@ def parse_args(argv=None):
     parser.add_argument(
         "--batches", type=int, default=20,
         help="Batches per rank per epoch (and per evaluation). Default: 20",
+    )
+    parser.add_argument(
+        "--precision", type=precision_list, default=["fp32"],
+        help="Precisions to compare, fp32 and/or bf16 (the script's"
+        " --precision). Default: fp32",
     )
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--fanout", type=int_list, default=[10, 10, 10])
@@ -499,26 +529,34 @@ def parse_args(argv=None):
 
 
 def plan_runs(args):
-    """(name, command, env overrides, ranks, threads, workers) per run."""
+    """(name, command, env overrides, ranks, threads, workers, precision) per
+    run."""
     runs = []
     if not args.no_bare:
         allocators = ["default", "tuned"]
-        for threads, allocator in itertools.product(args.threads, allocators):
+        for precision, threads, allocator in itertools.product(
+            args.precision, args.threads, allocators
+        ):
             name = f"bare {threads}t" + ("" if allocator == "default" else "+tuned")
-            runs.append((name, bare_command(args, threads, allocator), {}, None, threads, 0))
+            name += "" if precision == "fp32" else f" {precision}"
+            command = bare_command(args, threads, allocator, precision)
+            runs.append((name, command, {}, None, threads, 0, precision))
     extra = dict(item.split("=", 1) for item in args.env)
-    for ranks, threads, workers in itertools.product(
-        args.ranks, args.threads, args.num_workers
+    for precision, ranks, threads, workers in itertools.product(
+        args.precision, args.ranks, args.threads, args.num_workers
     ):
         name = f"script {ranks}r x {threads}t" + (f" w{workers}" if workers else "")
+        name += "" if precision == "fp32" else f" {precision}"
         if args.launcher == "torchrun":
             name = name.replace("script", "torchrun")
-        command = script_command(args, args.launcher, ranks, threads, workers)
-        runs.append((name, command, extra, ranks, threads, workers))
+        command = script_command(
+            args, args.launcher, ranks, threads, workers, precision
+        )
+        runs.append((name, command, extra, ranks, threads, workers, precision))
     return runs
 
 
-def run_once(args, name, command, extra, ranks, threads, workers):
+def run_once(args, name, command, extra, ranks, threads, workers, precision):
     """One measured run: a record of its settings and figures."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads))
     env.update(extra)
@@ -539,6 +577,7 @@ def run_once(args, name, command, extra, ranks, threads, workers):
         "ranks": ranks,
         "threads": threads,
         "workers": workers,
+        "precision": precision,
         "command": command,
         "env": extra,
         "load_before": load_before,

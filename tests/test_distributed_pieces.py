@@ -80,5 +80,7 @@ def test_evaluate_on_a_rank_without_items_returns_zero_weight():
     # An empty loader is what DistributedItemSampler gives a rank whose
     # share of a small evaluation set is empty.
     empty = types.SimpleNamespace(batches=lambda rank, name: iter([]))
-    correct, count = evaluate(1, Wrapped(), empty, 5, torch.device("cpu"), "x")
+    correct, count = evaluate(
+        1, Wrapped(), empty, 5, torch.device("cpu"), "x", False
+    )
     assert (correct.item(), count) == (0.0, 0)

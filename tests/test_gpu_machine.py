@@ -100,7 +100,7 @@ def test_cpu_loader_builds_where_torch_has_cuda_and_dgl_does_not(
 
 def test_a_rank_that_fails_before_training_prints_its_own_cause(capsys):
     args = nc.parse_args(["--gpu=7", "--mode", "cuda-cuda"])
-    plan = nc.plan_run(args, {}, True, True, 8, 2)
+    plan = nc.plan_run(args, {}, nc.Machine(True, True, 8, 2))
     with pytest.raises(Exception):
         # No GPU 7 here (nor, usually, on a GPU machine): set_device fails.
         nc.run_rank(0, plan, args, None)

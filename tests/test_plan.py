@@ -5,17 +5,19 @@ import pytest
 
 from node_classification import (
     INSTALL_CUDA_DGL,
+    Machine,
     UsageError,
     parse_args,
     plan_run,
 )
 
 
-def plan(argv, cuda=False, num_gpus=0, cores=2, env=None, dgl_cuda=None):
+def plan(argv, cuda=False, num_gpus=0, cores=2, env=None, dgl_cuda=None,
+         gpu_bf16=True):
     # By default DGL can use CUDA exactly when torch can.
     dgl_cuda = cuda if dgl_cuda is None else dgl_cuda
-    return plan_run(parse_args(argv), env or {}, cuda, dgl_cuda, num_gpus,
-                    cores)
+    machine = Machine(cuda, dgl_cuda, num_gpus, cores, gpu_bf16)
+    return plan_run(parse_args(argv), env or {}, machine)
 
 
 def test_auto_without_cuda_is_cpu_ranks_with_gloo_and_a_notice():
@@ -154,3 +156,25 @@ def test_torchrun_local_rank_must_exist_as_a_gpu():
     env = {"RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "2"}
     with pytest.raises(UsageError, match="GPU 2 does not exist"):
         plan(["--mode", "cuda-cuda"], cuda=True, num_gpus=2, env=env)
+
+
+def test_bf16_on_a_gpu_without_bf16_is_refused():
+    with pytest.raises(UsageError, match="--precision bf16: this GPU does not"):
+        plan(["--precision", "bf16"], cuda=True, num_gpus=1, gpu_bf16=False)
+    assert plan(["--precision", "bf16"], cuda=True, num_gpus=1).backend == "nccl"
+    # CPU ranks compute bf16 whatever the GPUs can do.
+    p = plan(["--precision", "bf16", "--mode", "cpu-cpu"], cuda=True,
+             num_gpus=1, gpu_bf16=False)
+    assert p.devices == ["cpu"]
+
+
+def test_bf16_autocasts_only_where_the_device_computes_bf16():
+    # A CPU without bfloat16 instructions: bf16 storage, fp32 compute.
+    p = plan(["--precision", "bf16"])
+    assert not p.autocast
+    assert any("no bfloat16 instructions" in line for line in p.notices)
+    machine = Machine(False, False, 0, 2, cpu_bf16=True)
+    args = parse_args(["--precision", "bf16"])
+    assert plan_run(args, {}, machine).autocast
+    assert plan(["--precision", "bf16"], cuda=True, num_gpus=1).autocast
+    assert not plan([]).autocast
