@@ -525,7 +525,10 @@ def main(argv=None):
         # Load and preprocess the dataset once, in the parent.
         job = load_job(args, plan.world_size)
     except UsageError as error:
-        fail(error)
+        # Under torchrun every rank finds the same bad input: rank 0 says so.
+        if os.environ.get("RANK", "0") == "0":
+            fail(error)
+        sys.exit(2)
 
     # Thread limiting to avoid resource competition; no GPU in CPU ranks.
     os.environ.update(plan.rank_env)
@@ -764,6 +767,12 @@ def run_rank(rank, plan, args, job, stop_request=None):
     128 + the signal's number, as a process killed by it would."""
     try:
         stopped_by = run(rank, plan, args, job, stop_request)
+    except UsageError as error:
+        # Bad input found in the ranks (torchrun loads the data there):
+        # one line, from rank 0; every rank exits 2.
+        if rank == 0:
+            fail(error)
+        sys.exit(2)
     except Exception:
         # Report every failing rank here: the launcher shows only one, often
         # a peer's "connection closed" instead of the cause.
@@ -942,10 +951,16 @@ def load_job_in_turn(rank, plan, args, device):
     then the first process of each other node. Each of them hands the other
     ranks of its node what it loaded through shared memory, as mp.spawn
     does: a node holds one copy of the graph and features, not one per rank."""
-    job = None
+    job, refusal = None, [None]
     if rank == 0:
-        job = load_job(args, plan.world_size)
-    barrier(device)
+        try:
+            job = load_job(args, plan.world_size)
+        except UsageError as error:
+            refusal = [str(error)]
+    # Every rank learns whether rank 0 refused the input, and waits for it.
+    dist.broadcast_object_list(refusal, src=0)
+    if refusal[0] is not None:
+        raise UsageError(refusal[0])
     if plan.local_rank == 0 and rank != 0:
         job = load_job(args, plan.world_size)
     # torchrun numbers the ranks of a node consecutively.
@@ -1423,8 +1438,10 @@ def parse_gpu_list(text):
 
 class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):
-        # One line naming the bad value, instead of usage text plus error.
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        # One line naming the bad value, instead of usage text plus error;
+        # under torchrun every rank parses the same arguments: rank 0 says it.
+        first = os.environ.get("RANK", "0") == "0"
+        self.exit(2, f"{self.prog}: error: {message}\n" if first else None)
 
 
 def int_at_least(minimum):
