@@ -339,7 +339,7 @@ def run(rank, plan, args, job, stop_request):
     )
     stop = StopSignal(device, stop_request)
     if job is None:
-        job = load_job_in_turn(rank, plan, args, device)
+        job = load_job_in_turn(rank, plan, args)
     # After loading, so that memory freed while loading goes back to the
     # system; in each rank, however it was launched.
     keep_freed_memory()
@@ -945,7 +945,7 @@ def load_job(args, world_size):
     return Job(dataset, config, checkpoint, start_epoch, seed)
 
 
-def load_job_in_turn(rank, plan, args, device):
+def load_job_in_turn(rank, plan, args):
     """Under torchrun there is no parent to load the dataset once. Rank 0
     goes first (it may download or preprocess into the dataset directory),
     then the first process of each other node. Each of them hands the other
@@ -963,17 +963,25 @@ def load_job_in_turn(rank, plan, args, device):
         raise UsageError(refusal[0])
     if plan.local_rank == 0 and rank != 0:
         job = load_job(args, plan.world_size)
-    # torchrun numbers the ranks of a node consecutively.
-    node_group, _ = dist.new_subgroups(plan.local_world_size)
-    # ForkingPickler moves tensors to shared memory and pickles only their
-    # names.
-    payload = [None]
+    # torchrun numbers the ranks of a node consecutively. The hand-off is
+    # host bytes, so it goes over gloo whatever the training backend.
+    node_group, _ = dist.new_subgroups(plan.local_world_size, backend="gloo")
+    # ForkingPickler moves tensors to shared memory in place and pickles only
+    # their names, counting one reference that the unpickling process
+    # releases. So each receiver gets its own pickle: one pickle loaded twice
+    # releases twice, and the graph's pickle also carries tensors made while
+    # pickling, unlinked once the first receiver is done with them.
+    payloads = None
     if plan.local_rank == 0:
-        payload = [bytes(ForkingPickler.dumps(job))]
-    dist.broadcast_object_list(
-        payload, src=rank - plan.local_rank, group=node_group
+        payloads = [b""] + [
+            bytes(ForkingPickler.dumps(job))
+            for _ in range(plan.local_world_size - 1)
+        ]
+    mine = [None]
+    dist.scatter_object_list(
+        mine, payloads, src=rank - plan.local_rank, group=node_group
     )
-    return pickle.loads(payload[0])
+    return job if plan.local_rank == 0 else pickle.loads(mine[0])
 
 
 def load_dataset(name_or_dir, data_root):

@@ -84,6 +84,57 @@ def test_torchrun_single_node(small_dataset):
     assert accuracy > LEARNS_IN_2_EPOCHS, result.stdout
 
 
+_HAND_OFF = """
+import sys, time, pickle
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import node_classification as nc
+
+def rank_main(rank, dataset, port):
+    torch.set_num_threads(1)
+    mp.set_sharing_strategy("file_system")  # as main() does in every rank
+    env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "3"}
+    args = nc.parse_args(["--dataset", dataset, "--batch-size", "64"])
+    plan = nc.plan_run(args, env, nc.Machine(False, False, 0, 2, False))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            world_size=3, rank=rank)
+    # Receivers unpickle one after another: rank 2 only once rank 1 has
+    # built its graph and dropped what the pickle carried for it alone.
+    if rank == 2:
+        loads = pickle.loads
+        nc.pickle = type("slow", (), {"loads": staticmethod(
+            lambda data: time.sleep(2) or loads(data))})
+    job = nc.load_job_in_turn(rank, plan, args)
+    indptr = job.dataset.graph.csc_indptr
+    sums = [torch.zeros(1, dtype=torch.int64) for _ in range(3)]
+    dist.all_gather(sums, indptr.sum().reshape(1))
+    assert len({int(s) for s in sums}) == 1, sums
+    nc.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(rank_main, args=(sys.argv[1], nc.free_port()), nprocs=3)
+    print("all ranks loaded the graph")
+"""
+
+
+def test_torchrun_hand_off_survives_receivers_loading_in_turn(
+        small_dataset, tmp_path):
+    # torchrun's first rank of a node hands the others the dataset through
+    # shared memory. One pickle shared by all of them let the first receiver
+    # release what the others still had to open (seen as "unable to open
+    # shared memory object" in rank 1, in most runs).
+    script = tmp_path / "hand_off.py"  # spawned ranks import it by path
+    script.write_text(_HAND_OFF)
+    result = subprocess.run(
+        [sys.executable, str(script), small_dataset], cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "all ranks loaded the graph" in result.stdout
+
+
 def test_torchrun_two_nodes_on_loopback(small_dataset):
     port = free_port()
     nodes = [
