@@ -22,6 +22,7 @@ from conftest import (
     epoch_lines,
     reported_test_accuracy,
     run_example,
+    run_gloo_group,
 )
 from node_classification import free_port
 
@@ -84,55 +85,41 @@ def test_torchrun_single_node(small_dataset):
     assert accuracy > LEARNS_IN_2_EPOCHS, result.stdout
 
 
-_HAND_OFF = """
-import sys, time, pickle
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-import node_classification as nc
+def _load_in_turn(rank, dataset):
+    """One torchrun rank of a 3-rank node in load_job_in_turn; returns the
+    shared-memory files its graph and features live in."""
+    import pickle
 
-def rank_main(rank, dataset, port):
-    torch.set_num_threads(1)
+    import torch.multiprocessing as mp
+
+    import node_classification as nc
+
     mp.set_sharing_strategy("file_system")  # as main() does in every rank
     env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "3"}
     args = nc.parse_args(["--dataset", dataset, "--batch-size", "64"])
     plan = nc.plan_run(args, env, nc.Machine(False, False, 0, 2, False))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            world_size=3, rank=rank)
-    # Receivers unpickle one after another: rank 2 only once rank 1 has
-    # built its graph and dropped what the pickle carried for it alone.
     if rank == 2:
-        loads = pickle.loads
-        nc.pickle = type("slow", (), {"loads": staticmethod(
-            lambda data: time.sleep(2) or loads(data))})
+        # Receivers unpickle one after another: rank 2 only once rank 1 has
+        # built its graph and dropped what the pickle carried for it alone.
+        slow = type("SlowPickle", (), {"loads": staticmethod(
+            lambda data: time.sleep(2) or pickle.loads(data))})
+        nc.pickle = slow
     job = nc.load_job_in_turn(rank, plan, args)
-    indptr = job.dataset.graph.csc_indptr
-    sums = [torch.zeros(1, dtype=torch.int64) for _ in range(3)]
-    dist.all_gather(sums, indptr.sum().reshape(1))
-    assert len({int(s) for s in sums}) == 1, sums
-    nc.destroy_process_group()
-
-if __name__ == "__main__":
-    mp.spawn(rank_main, args=(sys.argv[1], nc.free_port()), nprocs=3)
-    print("all ranks loaded the graph")
-"""
+    tensors = (job.dataset.graph.csc_indptr, job.dataset.graph.indices,
+               job.dataset.feature.read(*nc.FEAT_KEY))
+    # Asking a private tensor for its file would move it to a new one.
+    return [t.untyped_storage()._share_filename_cpu_()[1] for t in tensors]
 
 
-def test_torchrun_hand_off_survives_receivers_loading_in_turn(
+def test_torchrun_ranks_of_a_node_share_one_copy_of_the_data(
         small_dataset, tmp_path):
     # torchrun's first rank of a node hands the others the dataset through
     # shared memory. One pickle shared by all of them let the first receiver
     # release what the others still had to open (seen as "unable to open
-    # shared memory object" in rank 1, in most runs).
-    script = tmp_path / "hand_off.py"  # spawned ranks import it by path
-    script.write_text(_HAND_OFF)
-    result = subprocess.run(
-        [sys.executable, str(script), small_dataset], cwd=REPO,
-        env={**os.environ, "PYTHONPATH": REPO},
-        capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "all ranks loaded the graph" in result.stdout
+    # shared memory object" in rank 1, in most two-rank runs).
+    files = run_gloo_group(_load_in_turn, 3, tmp_path, small_dataset)
+    # One copy per node: every rank maps the same files.
+    assert files == [files[0]] * 3, files
 
 
 def test_torchrun_two_nodes_on_loopback(small_dataset):
