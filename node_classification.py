@@ -1423,10 +1423,27 @@ def check_mode(args, mode, machine):
 
 
 def free_port():
-    """A free TCP port on this machine, so two runs never collide on a fixed
-    rendezvous port."""
+    """A TCP port free now, for the rendezvous that rank 0 binds seconds
+    later (two runs never collide on a fixed port). It comes from below the
+    kernel's ephemeral range: a port in that range can be handed to any
+    outgoing connection on the machine before rank 0 binds it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768  # Linux's default
+    below = range(max(1024, ephemeral_low - 12000), ephemeral_low)
+    # Not the seeded generator: two runs with one --seed pick apart.
+    tries = random.SystemRandom().sample(below, min(100, len(below)))
+    for port in tries:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", 0))  # let the kernel choose
         return sock.getsockname()[1]
 
 

@@ -1,6 +1,8 @@
 """plan_run decides devices, backend, world size, rendezvous and threads.
 It takes torch's and DGL's CUDA availability as arguments, so every mode is
 checked here without a GPU."""
+import socket
+
 import pytest
 
 from node_classification import (
@@ -131,12 +133,26 @@ def test_threads_are_at_least_one(cores, ranks, threads):
 
 
 def test_rendezvous_port_is_free_unless_given():
-    first, second = plan([]), plan([])
-    assert first.init_method.startswith("tcp://127.0.0.1:")
-    assert first.init_method != "tcp://127.0.0.1:12345"
+    def port(p):
+        assert p.init_method.startswith("tcp://127.0.0.1:")
+        return int(p.init_method.rsplit(":", 1)[1])
+
+    # While another job holds the port one plan picked, the next plan picks
+    # another one, and that one can be bound. Both lie below the ephemeral
+    # range, where outgoing connections cannot take them meanwhile.
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    assert port(plan([])) < ephemeral_low
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port(plan([]))))
+        held.listen()
+        again = port(plan([]))
+        assert again != held.getsockname()[1] and again < ephemeral_low
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", again))
     given = plan(["--master-port", "29999"])
     assert given.init_method == "tcp://127.0.0.1:29999"
-    assert first.launcher == second.launcher == "spawn"
+    assert given.launcher == "spawn"
 
 
 def test_torchrun_environment_means_one_rank_per_process():
