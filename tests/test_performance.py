@@ -163,22 +163,18 @@ def test_benchmark_measures_bare_loop_and_script(small_dataset, tmp_path):
         assert run["exit_code"] == 0, name
         assert run["seeds_per_s"] > 0, name
         assert run["batches_per_rank"] == 3, name
-        assert run["wait_per_batch"] + run["compute_per_batch"] == pytest.approx(
-            run["s_per_batch"]
-        ), name
+        assert 0 <= run["wait_per_batch"] <= run["s_per_batch"], name
         assert 0 < run["startup_s"] < 120, name
         assert run["rank_uss_peak_mib"] > 0, name
+        # The tree's CPU time inside the training window, from its own
+        # samples: some, and no more than the machine's cores could give.
+        window = run["s_per_batch"] * run["batches_per_rank"]
+        cpu = run["user_s"] + run["sys_s"]
+        assert 0 < cpu <= 1.2 * window * os.cpu_count() + 0.2, (name, run)
     # The script's runs have a launcher (mp.spawn) besides their ranks.
     assert runs["script 2r x 1t"]["launcher_uss_peak_mib"] > 0
     assert runs["bare 1t"]["launcher_uss_peak_mib"] is None
-    # The ratios the README quotes are computed from the same figures.
-    two = runs["script 2r x 1t"]
-    assert two["vs_one_rank"] == pytest.approx(
-        two["seeds_per_s"] / runs["script 1r x 1t"]["seeds_per_s"]
-    )
-    assert two["vs_bare"] == pytest.approx(
-        two["seeds_per_s"] / runs["bare 1t"]["seeds_per_s"]
-    )
+    assert "vs_one_rank" in runs["script 2r x 1t"]
     # The table is printed, one row per run.
     for name in runs:
         assert name in done.stdout
@@ -206,11 +202,15 @@ def test_benchmark_refuses_bad_input(small_dataset, tmp_path, extra, message):
     assert len(done.stderr.strip().splitlines()) == 1
 
 
-# Prints a warm-up and a timed epoch line, 1 s apart, like the script does.
+# Prints a warm-up and a timed epoch line like the script does: 1 s asleep
+# before each, busy on the CPU for the timed one, asleep 1 s after both.
 TWO_EPOCHS = """
 import time
 for epoch in range(2):
-    time.sleep(1)
+    start = time.time()
+    while time.time() - start < 1:
+        if epoch == 0:
+            time.sleep(0.01)
     print(f"Epoch {epoch:05d} | Time 1.0 | Train Time 1.0 | Seeds/s 10.0 | "
           "Data Wait 0.0", flush=True)
 time.sleep(1)
@@ -225,11 +225,85 @@ def test_benchmark_reads_memory_in_every_epoch_but_the_timed_one():
     )
     assert code == 0 and len(epochs) == 2
     warm, timed = epochs[0]["arrived"], epochs[1]["arrived"]
-    # Samples taken well inside each phase (the reader thread adds latency).
-    before = [s for s in samples if s["t"] < warm - 0.1]
-    during = [s for s in samples if warm + 0.1 < s["t"] < timed - 0.1]
-    after = [s for s in samples if s["t"] > timed + 0.1]
-    assert before and during and after
-    assert all(s["procs"] for s in before + after)
-    assert all(s["procs"] is None for s in during)
-    assert all(s["user"] >= 0 for s in during)
+    # A sample decides before it is stamped, and a line is stamped before
+    # the sampler can see it: so no margins are needed on these two sides.
+    assert all(s["procs"] for s in samples if s["t"] < warm)
+    skipped = [s for s in samples if s["procs"] is None]
+    assert skipped and all(warm < s["t"] for s in skipped)
+    # Once the timed line is in, memory is read again (the child sleeps on
+    # for a second; 0.1 s covers the reader thread's stamp-to-append gap).
+    assert all(s["t"] < timed + 0.1 for s in skipped)
+    assert any(s["procs"] for s in samples if s["t"] > timed)
+    # CPU times are still read while memory is not: the busy epoch shows.
+    assert skipped[-1]["user"] - skipped[0]["user"] > 0.2, skipped
+
+
+def _epoch(arrived, time, train_time, seeds_per_s, data_wait):
+    return dict(arrived=arrived, time=time, train_time=train_time,
+                seeds_per_s=seeds_per_s, data_wait=data_wait)
+
+
+def _sample(t, user, pss_mib=None, roles=()):
+    procs = None if pss_mib is None else [
+        {"pid": i, "role": role, "pss": pss_mib * 2**20 // len(roles),
+         "uss": (i + 1) * 2**20}
+        for i, role in enumerate(roles)
+    ]
+    return {"t": t, "user": user, "system": user / 10, "procs": procs}
+
+
+def test_benchmark_summary_is_what_the_lines_and_samples_say():
+    # Launched at 0. Warm-up epoch: training 2-4 s (line at 5 s, Time 3).
+    # Timed epoch: training 6-8 s (line at 9 s), 2 ranks x 64 seeds x 4
+    # batches in 2 s, 0.5 s of it waiting for data. CPU grows 1.5 s per s.
+    epochs = [_epoch(5, 3, 2, 256, 0.4), _epoch(9, 3, 2, 256, 0.5)]
+    roles = ("launcher", "rank", "rank")
+    samples = [_sample(t, 1.5 * t, pss, roles if pss else ())
+               for t, pss in [(1, 100), (3, 300), (4.5, 200), (7, None),
+                              (9.5, 400)]]
+    result = benchmark.summarize(epochs, samples, 0, 2, 64)
+    assert result["batches_per_rank"] == 4
+    assert result["s_per_batch"] == pytest.approx(0.5)
+    assert result["wait_per_batch"] == pytest.approx(0.125)
+    assert result["compute_per_batch"] == pytest.approx(0.375)
+    assert result["startup_s"] == pytest.approx(2)
+    # Interpolated between the samples at 4.5 and 7 s and at 7 and 9.5 s.
+    assert result["user_s"] == pytest.approx(3.0)
+    assert result["sys_s"] == pytest.approx(0.3)
+    # Peak of the whole run; and of the warm-up training window alone.
+    assert result["tree_pss_peak_mib"] == pytest.approx(400, abs=1)
+    assert result["tree_pss_train_mib"] == pytest.approx(300, abs=1)
+    assert result["launcher_uss_peak_mib"] == 1
+    assert result["rank_uss_peak_mib"] == 3
+    assert result["worker_uss_peak_mib"] is None
+
+
+def test_benchmark_ratios_compare_like_with_like():
+    def run(name, seeds, threads=1, ranks=None, workers=0, precision="fp32"):
+        return dict(name=name, seeds_per_s=seeds, threads=threads,
+                    ranks=ranks, workers=workers, precision=precision)
+
+    runs = [
+        run("bare 1t", 100), run("bare 1t+tuned", 400),
+        run("bare 2t", 150, threads=2),
+        run("script 1r x 1t", 80, ranks=1),
+        run("script 2r x 1t", 120, ranks=2),
+        run("script 2r x 1t w1", 200, ranks=2, workers=1),
+        run("script 1r x 1t w1", 50, ranks=1, workers=1),
+        run("script 2r x 2t", 300, threads=2, ranks=2),
+        run("script 2r x 1t bf16", 60, ranks=2, precision="bf16"),
+    ]
+    benchmark.add_ratios(runs)
+    by_name = {r["name"]: r for r in runs}
+    two = by_name["script 2r x 1t"]
+    # Against the plain bare loop with as many threads, not the tuned one.
+    assert two["vs_bare"] == pytest.approx(1.2)
+    assert by_name["script 2r x 2t"]["vs_bare"] == pytest.approx(2.0)
+    # Against one rank with the same threads and workers.
+    assert two["vs_one_rank"] == pytest.approx(1.5)
+    assert by_name["script 2r x 1t w1"]["vs_one_rank"] == pytest.approx(4.0)
+    assert "vs_one_rank" not in by_name["script 2r x 2t"]  # no 1r x 2t run
+    # bf16 against the same run in fp32; no bare bf16 run to compare with.
+    assert by_name["script 2r x 1t bf16"]["vs_fp32"] == pytest.approx(0.5)
+    assert "vs_bare" not in by_name["script 2r x 1t bf16"]
+    assert "vs_bare" not in by_name["bare 1t"]
