@@ -93,14 +93,32 @@ def _csv_layout(path):
     return sep, has_header
 
 
+def _int64_cells(col):
+    """Boolean array: True where a CSV cell (str) is an integer that fits in int64."""
+    text = col.str.strip()
+    ok = np.array(text.str.fullmatch(r"-?\d+"), dtype=bool)
+    for i in np.flatnonzero(ok & (text.str.len() >= 19).to_numpy()):  # rare: may overflow
+        ok[i] = -(2**63) <= int(text.iloc[i]) < 2**63
+    return ok
+
+
 def _first_bad_csv_line(pd, path, sep, skip):
     """Slow path, only after a failure: describe the first non-integer row."""
-    frame = pd.read_csv(path, sep=sep, header=None, skiprows=skip, dtype=str, keep_default_na=False)
+    # Blank lines are kept (and then ignored) so that row i is line i + 1 + skip.
+    frame = pd.read_csv(
+        path, sep=sep, header=None, skiprows=skip, dtype=str, keep_default_na=False,
+        skip_blank_lines=False,
+    ).fillna("")
     if frame.shape[1] != 2:
         return f"expected 2 columns (src, dst), got {frame.shape[1]}"
-    is_int = frame.apply(lambda col: col.str.strip().str.fullmatch(r"-?\d+"))
-    row = int(np.flatnonzero(~is_int.all(axis=1).to_numpy())[0])
-    return f"line {row + 1 + skip}: expected two integer node ids, got {','.join(frame.iloc[row])!r}"
+    blank = (frame == "").all(axis=1).to_numpy()
+    is_int = _int64_cells(frame[0]) & _int64_cells(frame[1])
+    bad = np.flatnonzero(~is_int & ~blank)
+    if bad.size == 0:
+        return "expected two integer node ids per line"
+    row = int(bad[0])
+    shown = (sep if sep != r"\s+" else " ").join(frame.iloc[row])
+    return f"line {row + 1 + skip}: expected two integer node ids, got {shown!r}"
 
 
 def load_edges_csv(path):
@@ -121,6 +139,8 @@ def load_edges_csv(path):
         raise ondisk.DatasetError(f"{path}: {_first_bad_csv_line(pd, path, sep, skip)}") from None
     if frame.shape[1] != 2:
         raise ondisk.DatasetError(f"{path}: expected 2 columns (src, dst), got {frame.shape[1]}")
+    if any(dtype != np.int64 for dtype in frame.dtypes):  # e.g. uint64 for ids >= 2**63
+        raise ondisk.DatasetError(f"{path}: {_first_bad_csv_line(pd, path, sep, skip)}")
     return frame.to_numpy().T
 
 

@@ -144,7 +144,9 @@ def main(argv=None):
             num_classes=args.num_classes, name="synthetic", force=args.force,
         )
     except ondisk.DatasetError as err:
-        parser.error(str(err))
+        # Bad data, not bad usage: one line and exit 2, as convert_to_ondisk.py.
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        sys.exit(2)
     sizes = summary["split_sizes"]
     print(
         f"wrote {args.out_dir}: {summary['num_nodes']} nodes, {summary['num_edges']} edges, "

@@ -387,7 +387,8 @@ def _write_atomically(out_dir, force, write):
 
     The temp dir sits next to out_dir (same file system, so rename is
     atomic). An old out_dir is renamed away first and deleted only after the
-    new one is in place; on any failure the old one is put back.
+    new one is in place; on any failure (KeyboardInterrupt included) the old
+    one is put back.
     """
     out_dir = os.path.abspath(out_dir)
     parent, base = os.path.split(out_dir)
@@ -403,10 +404,14 @@ def _write_atomically(out_dir, force, write):
         try:
             os.rename(tmp_dir, out_dir)
         except OSError as err:
-            if old_dir is not None:
-                os.rename(os.path.join(old_dir, base), out_dir)
             raise DatasetError(f"{out_dir}: cannot move the new dataset into place: {err}") from None
     finally:
+        # Not in place (rename failed or interrupted): put the old one back.
+        # If that fails too, old_dir is kept rather than deleted.
+        if old_dir is not None and not os.path.lexists(out_dir):
+            moved = os.path.join(old_dir, base)
+            if os.path.lexists(moved):
+                os.rename(moved, out_dir)
         shutil.rmtree(tmp_dir, ignore_errors=True)
         if old_dir is not None:
             shutil.rmtree(old_dir, ignore_errors=True)

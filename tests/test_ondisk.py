@@ -2,7 +2,9 @@
 
 The command lines run as subprocesses, exactly as a user runs them; the
 written directory is loaded back with gb.OnDiskDataset and compared with the
-inputs.
+inputs. The table of bad inputs calls the converter's main() in this process
+instead: the same code once the interpreter has started, without a second of
+start-up per case.
 """
 
 import os
@@ -21,6 +23,7 @@ SYNTHETIC = SCRIPTS / "make_synthetic_dataset.py"
 NUM_NODES = 40
 
 sys.path.insert(0, str(SCRIPTS))
+import convert_to_ondisk  # noqa: E402
 import ondisk  # noqa: E402
 
 
@@ -169,6 +172,20 @@ def _write_bytes(name, data):
     return lambda paths, tmp: paths[name].write_bytes(data)
 
 
+def _remove(name):
+    return lambda paths, tmp: paths[name].unlink()
+
+
+def _edge_text(file_name, text):
+    """Mutation: use a text edge file (CSV, TSV) with this content instead."""
+
+    def mutate(paths, tmp):
+        paths["edges"] = tmp / file_name
+        paths["edges"].write_text(text)
+
+    return mutate
+
+
 N = NUM_NODES
 BAD_INPUTS = {
     # case: (mutation, extra args, (input named in message, problem words))
@@ -191,16 +208,48 @@ BAD_INPUTS = {
     "labels_too_large": (None, ["--num-classes", "3"], ("labels.npy", "label 3 >= num_classes 3")),
     "num_classes_zero": (None, ["--num-classes", "0"], ("num_classes", "positive integer")),
     "train_out_of_range": (_save("train", np.array([0, N])), [], ("train.npy", f"node id {N} out of range")),
+    "val_out_of_range": (_save("val", np.array([24, N + 1])), [], ("val.npy", f"node id {N + 1} out of range")),
+    "test_out_of_range": (_save("test", np.array([N + 2, 33])), [], ("test.npy", f"node id {N + 2} out of range")),
+    "val_negative": (_save("val", np.array([24, -2])), [], ("val.npy", "node id -2 out of range")),
     "train_empty": (_save("train", np.array([], dtype=np.int64)), [], ("train.npy", "empty")),
     "train_float": (_save("train", np.array([0.0, 1.0])), [], ("train.npy", "integer")),
+    "val_float": (_save("val", np.array([24.0, 25.0])), [], ("val.npy", "integer array of node ids, got dtype float64")),
+    "test_float": (_save("test", np.array([33.0, 34.5])), [], ("test.npy", "integer array of node ids, got dtype float64")),
+    "train_duplicate": (_save("train", np.r_[0:24, 5]), [], ("train.npy", "node 5 appears 2 times in the train set")),
     "val_duplicate": (_save("val", np.array([24, 25, 24])), [], ("val.npy", "node 24 appears 2 times")),
+    "test_duplicate": (_save("test", np.array([33, 34, 34])), [], ("test.npy", "node 34 appears 2 times in the test set")),
+    "val_overlaps_train": (_save("val", np.array([24, 3])), [], ("val.npy", "node 3 is in both the train and the validation set")),
     "test_overlaps_train": (_save("test", np.array([33, 3])), [], ("test.npy", "node 3 is in both the train")),
-    "missing_file": (lambda paths, tmp: paths["labels"].unlink(), [], ("labels.npy", "no such file")),
+    "test_overlaps_val": (_save("test", np.array([33, 25])), [], ("test.npy", "node 25 is in both the validation and the test set")),
+    "missing_file": (_remove("labels"), [], ("labels.npy", "no such file")),
+    "missing_edges_file": (_remove("edges"), [], ("edges.npy", "no such file")),
+    "missing_val_file": (_remove("val"), [], ("val.npy", "no such file")),
+    # Text edge files: the message names the file and, where a row is at
+    # fault, its line (1-based, header and blank lines counted).
+    "csv_row_with_one_column": (_edge_text("edges.csv", "src,dst\n0,1\n2\n3,4\n"), [],
+                                ("edges.csv", "line 3: expected two integer node ids")),
+    "csv_non_numeric_cell": (_edge_text("edges.csv", "src,dst\n0,1\n2,3\n4,x\n"), [],
+                             ("edges.csv", "line 4: expected two integer node ids, got '4,x'")),
+    "csv_line_count_includes_blank_lines": (_edge_text("edges.csv", "0,1\n\n2,3\n4,x\n"), [],
+                                            ("edges.csv", "line 4: expected two integer node ids")),
+    "csv_row_with_three_columns": (_edge_text("edges.csv", "src,dst\n0,1\n2,3,4\n"), [],
+                                   ("edges.csv", "fields in line 3, saw 3")),
+    "csv_one_column_file": (_edge_text("edges.csv", "0\n1\n2\n"), [], ("edges.csv", "expected 2 columns (src, dst), got 1")),
+    "csv_empty": (_edge_text("edges.csv", ""), [], ("edges.csv", "expected src,dst lines")),
+    "csv_header_only": (_edge_text("edges.csv", "src,dst\n"), [], ("edges.csv", "no edges")),
+    "csv_id_beyond_int64": (_edge_text("edges.csv", "0,1\n2,99999999999999999999999\n"), [],
+                            ("edges.csv", "line 2: expected two integer node ids")),
+    "csv_id_just_beyond_int64": (_edge_text("edges.csv", "0,1\n2,9223372036854775808\n"), [],
+                                 ("edges.csv", "line 2: expected two integer node ids")),
+    "tsv_non_numeric_cell": (_edge_text("edges.tsv", "0\t1\n2\tfoo\n"), [],
+                             ("edges.tsv", "line 2: expected two integer node ids, got '2\\tfoo'")),
+    "edges_not_text": (_write_bytes("edges", b"\xff\xfe\x00 not a numpy file"), [],
+                       ("edges.npy", "neither a .npy file nor a text CSV")),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
-def test_bad_input_fails_cleanly(tmp_path, case):
+def test_bad_input_fails_cleanly(tmp_path, capsys, case):
     mutate, extra, (input_name, problem) = BAD_INPUTS[case]
     paths, _ = make_inputs(tmp_path)
     if mutate:
@@ -208,10 +257,11 @@ def test_bad_input_fails_cleanly(tmp_path, case):
     parent = tmp_path / "datasets"
     parent.mkdir()
     out = parent / "out"
-    result = run(CONVERT, out, *convert_args(paths), *extra)
-    assert result.returncode == 2, result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("convert_to_ondisk.py: error: "), result.stderr
+    code = convert_to_ondisk.main(list(map(str, [out, *convert_args(paths), *extra])))
+    stdout, stderr = capsys.readouterr()
+    assert code == 2, stdout + stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("convert_to_ondisk.py: error: "), stderr
     assert input_name in lines[0] and problem in lines[0], lines[0]
     assert not out.exists()
     assert list(parent.iterdir()) == []  # no temp dirs either
@@ -283,6 +333,73 @@ def test_failed_write_leaves_old_dataset_untouched(tmp_path, monkeypatch):
     assert leftovers(tmp_path) == []
 
 
+def _write_small_dataset(out, arrays, force=True):
+    return ondisk.write_ondisk_dataset(
+        out, arrays["edges"], arrays["features"], arrays["labels"],
+        arrays["train"], arrays["val"], arrays["test"], force=force,
+    )
+
+
+@pytest.mark.parametrize("step, error", [
+    ("final rename", KeyboardInterrupt()),
+    ("final rename", OSError(28, "No space left on device")),
+    ("right after moving the old dir away", KeyboardInterrupt()),
+])
+def test_interrupted_swap_keeps_old_dataset(tmp_path, monkeypatch, step, error):
+    """_write_atomically: on any failure the old out_dir is put back, no temp dirs left."""
+    _, arrays = make_inputs(tmp_path)
+    parent = tmp_path / "datasets"
+    parent.mkdir()
+    out = parent / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("old")
+    real_rename = os.rename
+    seen = []
+
+    def rename(src, dst):  # fails once; putting the old dir back must work
+        if step == "final rename" and Path(dst) == out and not seen:
+            seen.append(sorted(os.listdir(src)))  # the complete new dataset
+            raise error
+        real_rename(src, dst)
+        if step != "final rename" and Path(src) == out and not seen:
+            seen.append(sorted(os.listdir(dst)))  # the old dataset, moved away
+            raise error
+
+    monkeypatch.setattr(ondisk.os, "rename", rename)
+    if isinstance(error, OSError):
+        raised = pytest.raises(ondisk.DatasetError, match="cannot move the new dataset into place")
+    else:
+        raised = pytest.raises(KeyboardInterrupt)
+    with raised:
+        _write_small_dataset(out, arrays)
+    monkeypatch.undo()
+    assert len(seen) == 1, "the simulated failure was not reached"
+    if step == "final rename":
+        assert "metadata.yaml" in seen[0], seen  # it failed at the very last step
+    else:
+        assert seen[0] == ["keep.txt"], seen
+    assert sorted(os.listdir(out)) == ["keep.txt"] and (out / "keep.txt").read_text() == "old"
+    assert os.listdir(parent) == ["out"]  # no temp or backup dirs
+
+
+def test_interrupted_final_rename_without_old_dataset(tmp_path, monkeypatch):
+    """No old out_dir: an interrupted final rename leaves nothing behind."""
+    _, arrays = make_inputs(tmp_path)
+    out = tmp_path / "datasets" / "out"
+    seen = []
+
+    def rename(src, dst):
+        seen.append(sorted(os.listdir(src)))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ondisk.os, "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        _write_small_dataset(out, arrays, force=False)
+    monkeypatch.undo()
+    assert len(seen) == 1 and "metadata.yaml" in seen[0], seen
+    assert os.listdir(tmp_path / "datasets") == []
+
+
 # ------------------------------------------------------- warnings, helpers
 
 
@@ -347,6 +464,30 @@ def test_synthetic_edges_are_homophilous(tmp_path):
     assert 0.6 < same < 0.75, same
     assert features.dtype == np.float32 and features.shape == (2000, 16)
     assert abs(edges.shape[1] - 20000) < 100  # only self-loops dropped
+
+
+def test_synthetic_existing_dir_refused_then_replaced_with_force(tmp_path):
+    args = ["--num-nodes", "200", "--feat-dim", "4", "--avg-degree", "3"]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("old")
+    refused = run(SYNTHETIC, out, *args)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("make_synthetic_dataset.py: error: "), refused.stderr
+    assert f"{out}: already exists" in lines[0] and "--force" in lines[0], lines[0]
+    assert sorted(os.listdir(out)) == ["keep.txt"] and (out / "keep.txt").read_text() == "old"
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+    replaced = run(SYNTHETIC, out, *args, "--force")
+    assert replaced.returncode == 0, replaced.stderr
+    assert "200 nodes" in replaced.stdout
+    import yaml
+
+    metadata = yaml.safe_load((out / "metadata.yaml").read_text())
+    assert metadata["graph"]["nodes"][0]["num"] == 200
+    assert not (out / "keep.txt").exists() and np.load(out / "node_feat.npy").shape == (200, 4)
+    assert sorted(os.listdir(tmp_path)) == ["out"]
 
 
 @pytest.mark.parametrize("args, message", [
