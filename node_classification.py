@@ -49,7 +49,6 @@ import ctypes
 import inspect
 import itertools
 import json
-import math
 import os
 import pickle
 import platform

@@ -64,6 +64,26 @@ def small_dataset(synthetic):
     )
 
 
+# The seeded run that several tests check or compare with: two CPU ranks
+# (`auto` with GPUs hidden), 3 epochs, checkpoints and metrics written.
+REFERENCE = ["--gpu=0,1", "--batch-size", 64, "--fanout", "5,5,5",
+             "--epochs", 3, "--seed", 1]
+
+
+@pytest.fixture(scope="session")
+def reference_run(small_dataset, tmp_path_factory):
+    """(CompletedProcess, directory with ckpt/ and logs/) of REFERENCE on
+    the small dataset, run once per session."""
+    out = tmp_path_factory.mktemp("reference")
+    result = run_example(
+        [*REFERENCE, "--dataset", small_dataset,
+         "--checkpoint-dir", out / "ckpt", "--log-dir", out / "logs"],
+        env=NO_GPU,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, out
+
+
 @pytest.fixture
 def no_cuda(monkeypatch):
     """This test process sees no GPU, whatever the machine has."""

@@ -2,7 +2,6 @@
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 
@@ -13,7 +12,6 @@ import yaml
 
 from conftest import (
     NO_GPU,
-    REPO,
     finish,
     kill_session,
     read_until,
@@ -44,13 +42,9 @@ def check_upstream_output(result, epochs):
     return reported_test_accuracy(result.stdout)
 
 
-def test_two_cpu_ranks_learn_and_print_upstream_lines(small_dataset):
+def test_two_cpu_ranks_learn_and_print_upstream_lines(reference_run):
     # `auto` on a machine without CUDA (GPUs, if any, hidden).
-    result = run_example(
-        ["--gpu=0,1", "--dataset", small_dataset, "--epochs", 3, "--seed", 1,
-         *FAST],
-        env=NO_GPU,
-    )
+    result, _ = reference_run
     accuracy = check_upstream_output(result, epochs=3)
     assert "CUDA is not available: using --mode cpu-cpu" in result.stdout
     assert "Training with 2 CPU processes." in result.stdout
