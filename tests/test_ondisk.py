@@ -524,7 +524,8 @@ def test_converted_dataset_trains_end_to_end(tmp_path):
     # Own session, so a hung run's spawned ranks are killed with it.
     process = subprocess.Popen(
         [sys.executable, str(ROOT / "node_classification.py"), "--dataset", str(out),
-         "--gpu=0,1", "--mode", "cpu-cpu", "--epochs", "3", "--batch-size", "256"],
+         "--gpu=0,1", "--mode", "cpu-cpu", "--epochs", "3", "--batch-size", "256",
+         "--seed", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         start_new_session=True,
     )
@@ -537,4 +538,6 @@ def test_converted_dataset_trains_end_to_end(tmp_path):
     assert process.returncode == 0, stderr[-3000:]
     found = re.findall(r"^Test Accuracy (\d+\.\d+)$", stdout, re.MULTILINE)
     assert len(found) == 1, stdout
-    assert float(found[0]) > 0.4, stdout  # chance is 0.1 with 10 classes
+    # Four steps per epoch: seeds 1-3 reach 0.73, 0.55, 0.46 here; chance is
+    # 0.1 with 10 classes.
+    assert float(found[0]) > 0.4, stdout
