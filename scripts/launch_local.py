@@ -160,11 +160,11 @@ def validate_args(args):
 def check_prerequisites():
     """Namespaces need root and iproute2/util-linux; say so in one line."""
     if os.geteuid() != 0:
-        fail("launch_local.py needs root to create network and mount namespaces")
+        fail("root is needed to create network and mount namespaces")
     tools = ("ip", "unshare", "nsenter", "setpriv")
     missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
-        fail(f"launch_local.py needs {', '.join(missing)} (iproute2, util-linux) on PATH")
+        fail(f"missing {', '.join(missing)} (iproute2, util-linux) on PATH")
 
 
 def plan_job(args, run_id, work_dir):
@@ -259,23 +259,23 @@ def wait_until_ready(holder, what, timeout):
                            f"{holder.stderr.read().strip()}")
 
 
-def ip_in(pid, *arguments):
+def ip_in(pid, env, *arguments):
     """Run one iproute2 command in pid's network namespace."""
     command = ["nsenter", "--target", str(pid), "--net", "ip", *arguments]
-    result = subprocess.run(command, capture_output=True, text=True)
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise RuntimeError(f"ip {' '.join(arguments)}: {result.stderr.strip()}")
 
 
-def link_machines(hub_pid, machines, machine_pids):
+def link_machines(hub_pid, machines, machine_pids, env):
     """Join each machine to the hub's bridge with a veth pair and give it its address."""
     for machine in machines:
         pid, port = machine_pids[machine["id"]], f"m{machine['id']}"
-        ip_in(hub_pid, "link", "add", port, "type", "veth",
+        ip_in(hub_pid, env, "link", "add", port, "type", "veth",
               "peer", "name", MACHINE_IFNAME, "netns", str(pid))
-        ip_in(hub_pid, "link", "set", port, "master", "br0", "up")
-        ip_in(pid, "addr", "add", f"{machine['ip']}/24", "dev", MACHINE_IFNAME)
-        ip_in(pid, "link", "set", MACHINE_IFNAME, "up")
+        ip_in(hub_pid, env, "link", "set", port, "master", "br0", "up")
+        ip_in(pid, env, "addr", "add", f"{machine['ip']}/24", "dev", MACHINE_IFNAME)
+        ip_in(pid, env, "link", "set", MACHINE_IFNAME, "up")
 
 
 def forward_output(proc, name, passthrough):
@@ -404,7 +404,7 @@ def run_job(args, run_id):
                 "mount -t tmpfs tmpfs /dev/shm && ip link set lo up", marked_env))
             wait_until_ready(holders[-1], f"machine {machine['id']}", timeout=30)
             machine_pids[machine["id"]] = holders[-1].pid
-        link_machines(hub_pid, plan["machines"], machine_pids)
+        link_machines(hub_pid, plan["machines"], machine_pids, marked_env)
         exits = queue.Queue()
         for role in ("server", "trainer"):
             for spec in (spec for spec in plan["processes"] if spec["role"] == role):
