@@ -46,7 +46,7 @@ def test_the_fake_is_a_cuda_torch_with_a_cpu_only_dgl():
 
 def test_auto_trains_on_cpu_ranks_and_says_how_to_get_gpus(small_dataset):
     result = run_example(
-        ["--gpu=0,1", "--dataset", small_dataset, "--epochs", 3, "--seed", 0,
+        ["--gpu=0,1", "--dataset", small_dataset, "--epochs", 2, "--seed", 0,
          *FAST],
         env=fake_gpu_machine(),
     )
