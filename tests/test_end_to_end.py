@@ -139,24 +139,43 @@ def test_torchrun_two_nodes_on_loopback(small_dataset):
     assert epoch_lines(outputs[1][0]) == []
 
 
-def test_torchrun_reports_bad_input_once(small_dataset, tmp_path):
-    for bad in (["--dataset", small_dataset, "--fanout", "5,5"],
-                ["--dataset", str(tmp_path / "nowhere")]):
-        job = start([sys.executable, "-m", "torch.distributed.run",
-                     "--standalone", "--nproc-per-node=2", SCRIPT, *CPU, *bad])
-        try:
-            result = finish(job, 120)
-        finally:
-            kill_session(job)
-        assert result.returncode != 0
-        errors = [line for line in result.stderr.splitlines()
-                  if line.startswith("node_classification.py: error: ")]
-        assert len(errors) == 1, result.stderr[-3000:]
-        assert "rank 1 failed" not in result.stderr
-        assert "rank 0 failed" not in result.stderr
-        # torchrun itself then reports that its workers exited with 2.
-        assert "exitcode  : 2" in result.stderr or "exit code 2" in (
-            result.stderr), result.stderr[-3000:]
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_under_torchrun_only_rank_0_reports_a_bad_argument(
+        rank, monkeypatch, capsys):
+    # Every torchrun process parses the same arguments before the ranks
+    # meet; each exits 2, one line in all.
+    import node_classification as nc
+
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr(sys, "argv", ["node_classification.py"])
+    with pytest.raises(SystemExit) as exited:
+        nc.parse_args(["--fanout", "5,5"])
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == (["node_classification.py: error: argument --fanout: "
+                      "'5,5' has 2 values, but the model has 3 SAGE layers"]
+                     if rank == "0" else []), lines
+
+
+def test_torchrun_reports_a_bad_dataset_once(tmp_path):
+    # Rank 0 tries to load it; the others wait for its verdict.
+    job = start([sys.executable, "-m", "torch.distributed.run",
+                 "--standalone", "--nproc-per-node=2", SCRIPT, *CPU,
+                 "--dataset", str(tmp_path / "nowhere")])
+    try:
+        result = finish(job, 120)
+    finally:
+        kill_session(job)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines()
+              if line.startswith("node_classification.py: error: ")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert "nowhere" in errors[0]
+    assert "rank 1 failed" not in result.stderr
+    assert "rank 0 failed" not in result.stderr
+    # torchrun itself then reports that its workers exited with 2.
+    assert "exitcode  : 2" in result.stderr or "exit code 2" in (
+        result.stderr), result.stderr[-3000:]
 
 
 def test_an_exception_in_one_rank_fails_the_job(small_dataset, tmp_path):
