@@ -357,7 +357,7 @@ def run(rank, plan, args, job, stop_request):
     restore(job.checkpoint, model, optimizer, args.lr)
     model = DDP(model)
     if job.checkpoint is not None and rank == 0:
-        step = job.checkpoint.get("step", 0)
+        step = job.start_step
         at = f"epoch {job.start_epoch}" + (f", step {step}" if step else "")
         print(f"Resuming from {args.checkpoint_dir} at {at}.")
 
@@ -525,9 +525,7 @@ def main(argv=None):
         job = load_job(args, plan.world_size)
     except UsageError as error:
         # Under torchrun every rank finds the same bad input: rank 0 says so.
-        if os.environ.get("RANK", "0") == "0":
-            fail(error)
-        sys.exit(2)
+        fail(error, speak=os.environ.get("RANK", "0") == "0")
 
     # Thread limiting to avoid resource competition; no GPU in CPU ranks.
     os.environ.update(plan.rank_env)
@@ -769,9 +767,7 @@ def run_rank(rank, plan, args, job, stop_request=None):
     except UsageError as error:
         # Bad input found in the ranks (torchrun loads the data there):
         # one line, from rank 0; every rank exits 2.
-        if rank == 0:
-            fail(error)
-        sys.exit(2)
+        fail(error, speak=rank == 0)
     except Exception:
         # Report every failing rank here: the launcher shows only one, often
         # a peer's "connection closed" instead of the cause.
@@ -889,10 +885,13 @@ class UsageError(Exception):
     """Bad input: reported as one line, exit status 2, before any spawn."""
 
 
-def fail(message):
+def fail(message, speak=True):
     """Bad input, as every script here reports it: one line naming the bad
-    value, exit status 2."""
-    print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
+    value, exit status 2. Processes that found the same bad input as another
+    one that reports it (torchrun's ranks) exit without a word."""
+    if speak:
+        print(f"{os.path.basename(sys.argv[0])}: error: {message}",
+              file=sys.stderr)
     sys.exit(2)
 
 
@@ -908,13 +907,18 @@ class Job:
     start_epoch: int
     seed: int
 
+    @property
+    def start_step(self):
+        """Steps of start_epoch a stopped run had already trained."""
+        return self.checkpoint.get("step", 0) if self.checkpoint else 0
+
     def position(self, epoch, rank, device):
         """(step, loss sum, item count) where this rank's `epoch` starts:
         zero, or where a run stopped inside it."""
         step, sums = 0, (0.0, 0)
-        if self.checkpoint and epoch == self.start_epoch:
-            step = self.checkpoint.get("step", 0)
-            sums = self.checkpoint["partial"][rank] if step else sums
+        if epoch == self.start_epoch and self.start_step:
+            step = self.start_step
+            sums = self.checkpoint["partial"][rank]
         return step, torch.tensor(sums[0], device=device), sums[1]
 
 
@@ -1464,8 +1468,7 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):
         # One line naming the bad value, instead of usage text plus error;
         # under torchrun every rank parses the same arguments: rank 0 says it.
-        first = os.environ.get("RANK", "0") == "0"
-        self.exit(2, f"{self.prog}: error: {message}\n" if first else None)
+        fail(message, speak=os.environ.get("RANK", "0") == "0")
 
 
 def int_at_least(minimum):
