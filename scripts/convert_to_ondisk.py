@@ -28,8 +28,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ondisk  # noqa: E402  (needs the path above when run as a script)
+from gbrun import ondisk
 
 NPY_MAGIC = b"\x93NUMPY"
 ERROR_EXIT = 2  # the same status argparse uses for usage errors

@@ -38,7 +38,7 @@ main
     │   ├── create_dataloader        DistNodeDataLoader (HIGHLIGHT)
     │   ├── Join                     trainers with fewer batches (HIGHLIGHT)
     │   └── evaluate
-    │       └── weighted_reduce      exact metrics across trainers (HIGHLIGHT)
+    │       └── weighted_reduce      exact metrics across trainers (the example's)
     └── evaluate on the test set
 """
 import argparse
@@ -55,15 +55,15 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from gbrun import fail
+from gbrun.launch import destroy_process_group
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# The model, its size and the gloo teardown are node_classification.py's.
-from node_classification import (  # noqa: E402
-    HIDDEN_SIZE,
-    NUM_LAYERS,
-    SAGE,
-    destroy_process_group,
-    fail,
-)
+# The model and the exact reduce are the example's: edit them there.
+from node_classification import create_model, weighted_reduce  # noqa: E402
+
+# One fanout value per layer of the example's model.
+NUM_LAYERS = len(create_model(1, 2).layers)
 
 DATASET_INFO_FILE = "dataset_info.json"  # written by partition_graph.py
 
@@ -85,17 +85,6 @@ def create_dataloader(g, node_ids, fanout, batch_size, shuffle):
         shuffle=shuffle,
         drop_last=False,
     )
-
-
-def weighted_reduce(value_sum, count):
-    ############################################################################
-    # (HIGHLIGHT) Exact mean across trainers: add up every trainer's
-    # sum of (value x count) and its count, then divide once. A trainer with
-    # no items adds zero to both, so it neither crashes nor skews the mean.
-    ############################################################################
-    totals = torch.tensor([float(value_sum), float(count)], dtype=torch.float64)
-    dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-    return (totals[0] / totals[1]).item() if totals[1] > 0 else 0.0
 
 
 def dump_path(dump_dir, name):
@@ -120,7 +109,10 @@ def evaluate(model, g, node_ids, fanout, batch_size, dump_to=None):
             seen.append(seeds)
     if dump_to is not None:
         torch.save(torch.cat(seen) if seen else torch.empty(0), dump_to)
-    return weighted_reduce(num_correct, num_items)
+    # Exact across trainers, on rank 0 (the example's weighted_reduce).
+    return weighted_reduce(
+        torch.tensor(float(num_correct), dtype=torch.float64), num_items
+    ).item()
 
 
 def train_one_epoch(model, optimizer, dataloader, g, debug, rank):
@@ -165,7 +157,9 @@ def train(model, g, splits, fanout, args, rank):
         )
         if args.dump_seeds:
             torch.save(seeds, dump_path(args.dump_seeds, f"train_e{epoch}_r{rank}.pt"))
-        average_loss = weighted_reduce(loss_sum, num_seeds)
+        average_loss = weighted_reduce(
+            torch.tensor(float(loss_sum), dtype=torch.float64), num_seeds
+        ).item()
         accuracy = evaluate(
             model, g, splits["val"], fanout, args.batch_size,
             dump_path(args.dump_seeds, f"val_e{epoch}_r{rank}.pt"),
@@ -204,7 +198,7 @@ def run(args, plan):
         for name in ("train", "val", "test")
     }
     in_size = g.ndata["feat"].shape[1]
-    model = DDP(SAGE(in_size, HIDDEN_SIZE, plan["num_classes"]))
+    model = DDP(create_model(in_size, plan["num_classes"]))
 
     train(model, g, splits, plan["fanout"], args, rank)
     test_accuracy = evaluate(
@@ -246,9 +240,9 @@ def parse_args(argv=None):
     parser.add_argument(
         "--fanout",
         type=str,
-        default="10,10,10",
+        default=",".join(["10"] * NUM_LAYERS),
         help="Neighbours sampled per layer, one number per layer "
-        f"({NUM_LAYERS} layers); -1 takes all. Default: 10,10,10",
+        f"({NUM_LAYERS} layers); -1 takes all. Default: 10 per layer",
     )
     parser.add_argument(
         "--num-workers",

@@ -26,8 +26,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ondisk  # noqa: E402  (needs the path above when run as a script)
+from gbrun import ondisk
 
 # Fraction of edges whose two ends share a class.
 HOMOPHILY = 0.8

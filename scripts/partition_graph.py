@@ -44,9 +44,7 @@ import sys
 import dgl
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# The dataset loader and the error convention are node_classification.py's.
-from node_classification import UsageError, fail, load_dataset  # noqa: E402
+from gbrun import UsageError, fail, load_dataset
 
 # Node data the trainer reads from the DistGraph; the names are its contract.
 NODE_DATA = ("feat", "label", "train_mask", "val_mask", "test_mask")

@@ -4,8 +4,9 @@
     python scripts/plot_metrics.py runs/a                    # -> curves.png
     python scripts/plot_metrics.py runs/a runs/b --out compare.png
 
-One figure: average training loss and validation accuracy against epoch, one
-line per run (labelled by its directory) so that several runs overlay.
+One figure: average training loss and the validation metric (its name comes
+from the records: Accuracy, or whatever the example's METRIC says) against
+epoch, one line per run (labelled by its directory) so that runs overlay.
 """
 import argparse
 import json
@@ -41,16 +42,21 @@ def read_epochs(run_dir):
     return [epochs[epoch] for epoch in sorted(epochs)]
 
 
+def metric_name(records):
+    """The validation metric's name, as the example wrote it."""
+    return records[-1].get("metric", "Accuracy")
+
+
 def plot(runs, out):
     figure, (loss_axes, acc_axes) = plt.subplots(1, 2, figsize=(10, 4))
     for label, records in runs:
         epochs = [r["epoch"] for r in records]
+        key = f"val_{metric_name(records).lower()}"
         loss_axes.plot(epochs, [r["loss"] for r in records], marker="o", label=label)
-        acc_axes.plot(
-            epochs, [r["val_accuracy"] for r in records], marker="o", label=label
-        )
+        acc_axes.plot(epochs, [r[key] for r in records], marker="o", label=label)
+    name = " / ".join(sorted({metric_name(records) for _, records in runs}))
     loss_axes.set(xlabel="epoch", ylabel="average training loss", title="Loss")
-    acc_axes.set(xlabel="epoch", ylabel="validation accuracy", title="Accuracy")
+    acc_axes.set(xlabel="epoch", ylabel=f"validation {name}", title=name)
     for axes in (loss_axes, acc_axes):
         axes.grid(True, alpha=0.3)
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -181,7 +181,7 @@ def _gloo_worker(rank, world_size, port, fn, args, out_dir):
         world_size=world_size, rank=rank,
         timeout=datetime.timedelta(seconds=60),
     )
-    from node_classification import destroy_process_group
+    from gbrun.launch import destroy_process_group
 
     try:
         torch.save(fn(rank, *args), os.path.join(out_dir, f"{rank}.pt"))
@@ -197,7 +197,7 @@ def run_gloo_group(fn, world_size, tmp_path, *args):
     import torch
     import torch.multiprocessing as mp
 
-    from node_classification import free_port
+    from gbrun.launch import free_port
 
     mp.spawn(
         _gloo_worker,

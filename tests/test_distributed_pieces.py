@@ -4,6 +4,7 @@ weighted_reduce gives exact means when ranks hold different numbers of
 items (including none)."""
 import types
 
+import pytest
 import torch
 
 from conftest import run_gloo_group
@@ -67,20 +68,34 @@ def test_weighted_reduce_is_exact_with_unequal_and_zero_counts(tmp_path):
     assert abs(results[0] - (0.5 + 0.9) / 3) > 0.1
 
 
-def test_evaluate_on_a_rank_without_items_returns_zero_weight():
+def _evaluate_uneven(rank):
     import torch.nn as nn
 
-    from node_classification import evaluate
+    from node_classification import FEATURE_KEY, evaluate
+
+    class Logits(nn.Module):  # the features are the logits
+        def forward(self, blocks, x):
+            return x
 
     class Wrapped(nn.Module):  # stands in for DDP: evaluate uses .module
         def __init__(self):
             super().__init__()
-            self.module = nn.Identity()
+            self.module = Logits()
 
-    # An empty loader is what DistributedItemSampler gives a rank whose
-    # share of a small evaluation set is empty.
-    empty = types.SimpleNamespace(batches=lambda rank, name: iter([]))
-    correct, count = evaluate(
-        1, Wrapped(), empty, 5, torch.device("cpu"), "x", False
-    )
-    assert (correct.item(), count) == (0.0, 0)
+    def batch(logits, labels):
+        return types.SimpleNamespace(
+            node_features={FEATURE_KEY: torch.tensor(logits)},
+            labels=torch.tensor(labels), blocks=None)
+
+    # Rank 0: 2 of 3 right. Rank 1: no items at all, as DistributedItemSampler
+    # gives a rank whose share of a small evaluation set is empty.
+    batches = [[batch([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]], [0, 1, 1])], []]
+    state = types.SimpleNamespace(
+        device=torch.device("cpu"), autocast=False,
+        batches=lambda loader, name: iter(loader))
+    return evaluate(Wrapped(), batches[rank], 2, state, "x").item()
+
+
+def test_evaluate_is_exact_when_a_rank_has_no_items(tmp_path):
+    results = run_gloo_group(_evaluate_uneven, 2, tmp_path)
+    assert results[0] == pytest.approx(2 / 3)

@@ -22,7 +22,7 @@ from conftest import (
     run_example,
     run_gloo_group,
 )
-from node_classification import free_port
+from gbrun.launch import free_port
 
 CHANCE = 0.1  # the synthetic datasets here have 10 classes
 FAST = ["--batch-size", 64, "--fanout", "5,5,5"]
@@ -86,21 +86,23 @@ def _load_in_turn(rank, dataset):
 
     import torch.multiprocessing as mp
 
+    import gbrun
+    import gbrun.launch as launch
     import node_classification as nc
 
-    mp.set_sharing_strategy("file_system")  # as main() does in every rank
+    mp.set_sharing_strategy("file_system")  # as launch() does in every rank
     env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "3"}
     args = nc.parse_args(["--dataset", dataset, "--batch-size", "64"])
-    plan = nc.plan_run(args, env, nc.Machine(False, False, 0, 2, False))
+    plan = launch.plan_run(args, env, launch.Machine(False, False, 0, 2, False))
     if rank == 2:
         # Receivers unpickle one after another: rank 2 only once rank 1 has
         # built its graph and dropped what the pickle carried for it alone.
         slow = type("SlowPickle", (), {"loads": staticmethod(
             lambda data: time.sleep(2) or pickle.loads(data))})
-        nc.pickle = slow
-    job = nc.load_job_in_turn(rank, plan, args)
+        launch.pickle = slow
+    job = launch.load_job_in_turn(rank, plan, nc.load_job, args)
     tensors = (job.dataset.graph.csc_indptr, job.dataset.graph.indices,
-               job.dataset.feature.read(*nc.FEAT_KEY))
+               job.dataset.feature.read(*gbrun.node_key(nc.FEATURE_KEY)))
     # Asking a private tensor for its file would move it to a new one.
     return [t.untyped_storage()._share_filename_cpu_()[1] for t in tensors]
 
@@ -149,11 +151,12 @@ def test_under_torchrun_only_rank_0_reports_a_bad_argument(
     monkeypatch.setenv("RANK", rank)
     monkeypatch.setattr(sys, "argv", ["node_classification.py"])
     with pytest.raises(SystemExit) as exited:
-        nc.parse_args(["--fanout", "5,5"])
+        nc.parse_args(["--fanout", "5,0"])
     assert exited.value.code == 2
     lines = capsys.readouterr().err.splitlines()
     assert lines == (["node_classification.py: error: argument --fanout: "
-                      "'5,5' has 2 values, but the model has 3 SAGE layers"]
+                      "'5,0': each fanout is positive, or -1 for all "
+                      "neighbors"]
                      if rank == "0" else []), lines
 
 
@@ -267,7 +270,12 @@ def rename_feat(metadata):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--fanout", "10,10"], "'10,10' has 2 values, but the model has 3"),
+        (["--fanout", "10,10"],
+         "--fanout 10,10: 2 values, but the model has 3 layers"),
+        (["--fanout", "-1,5,5,5"],
+         "--fanout -1,5,5,5: 4 values, but the model has 3 layers"),
+        (["--master-port", "70000"],
+         "--master-port: 70000 is not a TCP port (1-65535)"),
         (["--fanout", "10,0,5"], "each fanout is positive"),
         (["--batch-size", "0"], "--batch-size: 0 is too small"),
         (["--epochs", "0"], "--epochs: 0 is too small"),

@@ -14,6 +14,8 @@ import dgl.graphbolt as gb
 import pytest
 import torch
 
+import gbrun.data
+import gbrun.launch as launch
 import node_classification as nc
 from conftest import (
     FAKE_CUDA,
@@ -34,9 +36,9 @@ def fake_gpu_machine():
 def test_the_fake_is_a_cuda_torch_with_a_cpu_only_dgl():
     probe = subprocess.run(
         [sys.executable, "-c",
-         "import torch, node_classification as nc; "
+         "import torch, gbrun.launch as launch; "
          "print(torch.cuda.is_available(), torch.cuda.device_count(), "
-         "nc.dgl_has_cuda())"],
+         "launch.dgl_has_cuda())"],
         capture_output=True, text=True, timeout=120, cwd=REPO,
         env={**os.environ, **fake_gpu_machine()},
     )
@@ -53,7 +55,7 @@ def test_auto_trains_on_cpu_ranks_and_says_how_to_get_gpus(small_dataset):
     assert result.returncode == 0, result.stderr[-3000:]
     notice = [line for line in result.stdout.splitlines()
               if "this DGL is a CPU-only build" in line]
-    assert len(notice) == 1 and nc.INSTALL_CUDA_DGL in notice[0]
+    assert len(notice) == 1 and launch.INSTALL_CUDA_DGL in notice[0]
     assert "Training with 2 CPU processes." in result.stdout
     # As on a machine without GPUs (test_end_to_end): chance is 0.1.
     assert reported_test_accuracy(result.stdout) > 0.5, result.stdout
@@ -70,7 +72,7 @@ def test_cuda_modes_are_refused_before_spawning(small_dataset, mode):
     error = result.stderr.strip()
     assert len(error.splitlines()) == 1, error
     assert f"--mode {mode} needs CUDA, but this DGL is a CPU-only build" in error
-    assert nc.INSTALL_CUDA_DGL in error
+    assert launch.INSTALL_CUDA_DGL in error
     assert "Training" not in result.stdout
     assert time.time() - start < 30
 
@@ -83,9 +85,9 @@ def _build_cpu_loader_where_torch_claims_cuda(rank, dataset_dir):
     args = nc.parse_args(["--batch-size", "64", "--fanout", "5,5,5"])
     loader = nc.create_dataloader(
         dataset.graph, dataset.feature, dataset.tasks[0].train_set,
-        torch.device("cpu"), "cpu", True, args, None,
+        torch.device("cpu"), "cpu", True, args, [5, 5, 5],
     )
-    return type(loader.dataloader).__name__
+    return type(loader).__name__
 
 
 def test_cpu_loader_builds_where_torch_has_cuda_and_dgl_does_not(
@@ -100,10 +102,10 @@ def test_cpu_loader_builds_where_torch_has_cuda_and_dgl_does_not(
 
 def test_a_rank_that_fails_before_training_prints_its_own_cause(capsys):
     args = nc.parse_args(["--gpu=7", "--mode", "cuda-cuda"])
-    plan = nc.plan_run(args, {}, nc.Machine(True, True, 8, 2))
+    plan = launch.plan_run(args, {}, launch.Machine(True, True, 8, 2))
     with pytest.raises(Exception):
         # No GPU 7 here (nor, usually, on a GPU machine): set_device fails.
-        nc.run_rank(0, plan, args, None)
+        launch.run_rank(0, nc.run, plan, args, None)
     error = capsys.readouterr().err
     assert error.startswith("rank 0 failed:\nTraceback")
     assert "set_device" in error
@@ -142,8 +144,8 @@ def test_gpu_cache_size_for_each_graphbolt_api_shape(monkeypatch):
     ]:
         monkeypatch.setattr(gb, "gpu_cached_feature", cached_feature)
         monkeypatch.setattr(gb, "GPUCachedFeature", cls)
-        assert nc.make_gpu_cache(feature, 3000).size == expected
+        assert gbrun.data.make_gpu_cache(feature, 3000).size == expected
     # A cache smaller than a row still holds one row.
     monkeypatch.setattr(gb, "gpu_cached_feature", module)
     monkeypatch.setattr(gb, "GPUCachedFeature", _Rows)
-    assert nc.make_gpu_cache(feature, 50).size == ("rows", 1)
+    assert gbrun.data.make_gpu_cache(feature, 50).size == ("rows", 1)

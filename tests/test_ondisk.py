@@ -1,4 +1,4 @@
-"""Tests of the dataset tools: scripts/ondisk.py and its two command lines.
+"""Tests of the dataset tools: gbrun/ondisk.py and its two command lines.
 
 The command lines run as subprocesses, exactly as a user runs them; the
 written directory is loaded back with gb.OnDiskDataset and compared with the
@@ -24,7 +24,7 @@ NUM_NODES = 40
 
 sys.path.insert(0, str(SCRIPTS))
 import convert_to_ondisk  # noqa: E402
-import ondisk  # noqa: E402
+from gbrun import ondisk  # noqa: E402
 
 
 # ------------------------------------------------------------------ helpers

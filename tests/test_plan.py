@@ -5,13 +5,9 @@ import socket
 
 import pytest
 
-from node_classification import (
-    INSTALL_CUDA_DGL,
-    Machine,
-    UsageError,
-    parse_args,
-    plan_run,
-)
+from gbrun.cli import UsageError
+from gbrun.launch import INSTALL_CUDA_DGL, Machine, plan_run
+from node_classification import parse_args
 
 
 def plan(argv, cuda=False, num_gpus=0, cores=2, env=None, dgl_cuda=None,

@@ -1,6 +1,7 @@
 """What a run leaves behind: seeds, checkpoints and resume, the final model,
 metrics.jsonl and the plot of it."""
 import json
+import math
 import os
 import re
 import signal
@@ -11,6 +12,9 @@ import time
 import psutil
 import pytest
 import torch
+
+import gbrun
+import gbrun.checkpoint
 
 from conftest import (
     NO_GPU,
@@ -78,11 +82,11 @@ def test_killed_run_resumes_from_its_last_checkpoint(small_dataset, tmp_path):
 
     # The checkpoint of epoch 0 is there and loads; the model has no DDP
     # prefixes.
-    checkpoint = torch.load(ckpt / nc.CHECKPOINT_FILE, weights_only=True)
+    checkpoint = torch.load(ckpt / gbrun.CHECKPOINT_FILE, weights_only=True)
     assert checkpoint["epoch"] == 1 and checkpoint["seed"] == 5
     assert checkpoint["config"]["fanout"] == [5, 5, 5]
     assert not any(k.startswith("module.") for k in checkpoint["model"])
-    assert not os.path.exists(ckpt / nc.MODEL_FILE)
+    assert not os.path.exists(ckpt / gbrun.MODEL_FILE)
 
     # Without --seed: the checkpoint's seed continues the run.
     at = common.index("--seed")
@@ -101,18 +105,19 @@ def test_killed_run_resumes_from_its_last_checkpoint(small_dataset, tmp_path):
     assert reported_test_accuracy(resumed.stdout) == (
         reported_test_accuracy(uninterrupted.stdout))
 
-    # The final model loads into SAGE as is.
-    model = nc.SAGE(checkpoint["config"]["in_size"], nc.HIDDEN_SIZE, 10)
-    model.load_state_dict(torch.load(ckpt / nc.MODEL_FILE, weights_only=True))
+    # The final model loads into the example's model as is.
+    model = nc.create_model(32, 10)
+    model.load_state_dict(torch.load(ckpt / gbrun.MODEL_FILE, weights_only=True))
 
     # metrics.jsonl: epoch 0 from the killed run, 1 and the test result
     # from the resumed one.
-    records = [json.loads(line) for line in open(logs / nc.METRICS_FILE)]
+    records = [json.loads(line) for line in open(logs / gbrun.METRICS_FILE)]
     assert [r.get("epoch") for r in records] == [0, 1, None]
     assert set(records[0]) == {
-        "epoch", "loss", "val_accuracy", "epoch_time", "seeds_per_second",
-        "ranks",
+        "epoch", "loss", "metric", "val_accuracy", "epoch_time",
+        "seeds_per_second", "ranks",
     }
+    assert records[0]["metric"] == "Accuracy"
     assert records[0]["ranks"] == 1 and records[0]["seeds_per_second"] > 0
     assert abs(
         records[-1]["test_accuracy"] - reported_test_accuracy(resumed.stdout)
@@ -163,7 +168,7 @@ def test_sigterm_stops_at_a_step_and_the_resumed_run_is_exact(
         kill_session(job)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
     assert time.time() - signalled_at < 15
-    checkpoint = torch.load(ckpt / nc.CHECKPOINT_FILE, weights_only=True)
+    checkpoint = torch.load(ckpt / gbrun.CHECKPOINT_FILE, weights_only=True)
     assert checkpoint["epoch"] == 1 and checkpoint["step"] >= 2
     assert len(checkpoint["partial"]) == ranks
     message = (f"Stopped by SIGTERM in epoch 1 after step {checkpoint['step']}"
@@ -186,7 +191,7 @@ def test_sigterm_stops_at_a_step_and_the_resumed_run_is_exact(
 _RELAY = """
 import os, signal, sys, time
 import torch.multiprocessing as mp
-import node_classification as nc
+from gbrun.stop import relay_stop_signals
 
 if __name__ == "__main__":
     spawn = mp.get_context("spawn")
@@ -195,7 +200,7 @@ if __name__ == "__main__":
     for rank in ranks:
         rank.start()
     print(*(rank.pid for rank in ranks), flush=True)
-    nc.relay_stop_signals(type("Context", (), {"processes": ranks}), request)
+    relay_stop_signals(type("Context", (), {"processes": ranks}), request)
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.2)
     # The first signal is relayed: the ranks run on.
@@ -224,11 +229,12 @@ def test_the_launcher_relays_one_signal_and_kills_on_the_second():
 def test_sigkill_while_saving_leaves_a_loadable_checkpoint(tmp_path):
     path = tmp_path / "checkpoint.pt"
     saver = (
-        "import sys, torch, node_classification as nc\n"
-        "nc.save_atomically({'epoch': 0}, sys.argv[1])\n"
+        "import sys, torch\n"
+        "from gbrun.checkpoint import save_atomically\n"
+        "save_atomically({'epoch': 0}, sys.argv[1])\n"
         "print('ready', flush=True)\n"
         "for epoch in range(1, 10**6):\n"
-        "    nc.save_atomically({'epoch': epoch,\n"
+        "    save_atomically({'epoch': epoch,\n"
         "                        'w': torch.randn(2_000_000)}, sys.argv[1])\n"
     )
     for delay in (0.1, 0.5):
@@ -279,14 +285,19 @@ def make_checkpoint(directory, dataset_dir, position=(), **changes):
     import node_classification as nc
 
     args = nc.parse_args(["--dataset", dataset_dir, "--fanout", "5,5,5"])
-    config = nc.model_config(args, nc.load_dataset(dataset_dir, "datasets"))
-    config.update(changes)
-    model = nc.SAGE(config["in_size"], nc.HIDDEN_SIZE, config["num_classes"])
+    job = nc.load_job(args, 1)
+    model = nc.create_model(job.in_size, job.num_classes)
     optimizer = torch.optim.Adam(model.parameters())
+    epoch, step, partial = position or (1, 0, None)
+    checkpoint = {
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+        "epoch": epoch, "step": step, "partial": partial, "seed": 9,
+        "config": {**job.config, **changes},
+    }
     os.makedirs(directory, exist_ok=True)
-    epoch, *inside = position or (1,)
-    nc.save_checkpoint(directory, model, optimizer, epoch, 9, config, *inside)
-    return os.path.join(directory, nc.CHECKPOINT_FILE)
+    path = os.path.join(directory, gbrun.CHECKPOINT_FILE)
+    gbrun.checkpoint.save_atomically(checkpoint, path)
+    return path
 
 
 def resume_error(capsys, dataset, directory, *extra):
@@ -307,14 +318,19 @@ def test_resume_refuses_what_it_cannot_continue(small_dataset, tmp_path, capsys)
     assert "there is no checkpoint" in resume_error(
         capsys, small_dataset, tmp_path / "empty")
 
-    path = make_checkpoint(tmp_path / "other", small_dataset, in_size=7)
-    assert "was made with in_size 7, but this run has 32" in resume_error(
+    # Another model: the first difference, on one line.
+    other = nc.resume_key(nc.create_model(7, 10), nc.parse_args([]), [5, 5, 5])
+    make_checkpoint(tmp_path / "other", small_dataset, model=other["model"])
+    assert ("was made with another model (repr: '(fc_neigh): Linear("
+            "in_features=7, out_features=256, bias=False)' then, '(fc_neigh): "
+            "Linear(in_features=32, out_features=256, bias=False)' now)"
+            ) in resume_error(
         capsys, small_dataset, tmp_path / "other")
 
     for change, message in [
-        ({"dataset": "/elsewhere"}, "was made with dataset '/elsewhere'"),
-        ({"fanout": [1, 1, 1]}, "was made with fanout [1, 1, 1]"),
-        ({"num_classes": 3}, "was made with num_classes 3, but this run has 10"),
+        ({"dataset": "/elsewhere"}, "another dataset ('/elsewhere' then, '"),
+        ({"fanout": [1, 1, 1]}, "another fanout ([1, 1, 1] then, [5, 5, 5] now)"),
+        ({"lr": 0.5}, "another lr (0.5 then, 0.001 now)"),
     ]:
         make_checkpoint(tmp_path / "changed", small_dataset, **change)
         assert message in resume_error(
@@ -322,13 +338,13 @@ def test_resume_refuses_what_it_cannot_continue(small_dataset, tmp_path, capsys)
 
     os.makedirs(tmp_path / "partial")
     torch.save({"model": {}, "epoch": 1},
-               tmp_path / "partial" / nc.CHECKPOINT_FILE)
+               tmp_path / "partial" / gbrun.CHECKPOINT_FILE)
     assert "(KeyError: 'no config, optimizer, seed')" in resume_error(
         capsys, small_dataset, tmp_path / "partial")
 
     # The precision is part of what a resume must agree on.
     make_checkpoint(tmp_path / "bf16", small_dataset, precision="bf16")
-    assert "was made with precision 'bf16', but this run has 'fp32'" in (
+    assert "another precision ('bf16' then, 'fp32' now)" in (
         resume_error(capsys, small_dataset, tmp_path / "bf16"))
 
     make_checkpoint(tmp_path / "seeded", small_dataset)
@@ -351,24 +367,45 @@ def test_resume_refuses_what_it_cannot_continue(small_dataset, tmp_path, capsys)
     assert f"checkpoint '{path}' is unreadable, truncated or corrupted" in error
 
 
-def test_resume_takes_the_learning_rate_from_the_command_line():
+def test_resume_restores_optimizer_and_scheduler_as_saved():
+    # A resumed run continues the schedule: the learning rate is the one the
+    # scheduler had reached, not --lr (a cosine schedule resumed at --lr ran
+    # its second epoch at the wrong rate).
     import node_classification as nc
+    from gbrun.checkpoint import Job, RunState, cpu_state
 
-    model = nc.SAGE(4, 8, 2)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
+    def states(lr):
+        model = nc.SAGE(4, 8, 2)
+        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 4)
+        return model, optimizer, scheduler
+
+    model, optimizer, scheduler = states(0.001)
     model(*_tiny_batch()).sum().backward()
     optimizer.step()
-    checkpoint = {"model": model.state_dict(),
-                  "optimizer": optimizer.state_dict()}
-    again = nc.SAGE(4, 8, 2)
-    again_optimizer = torch.optim.Adam(again.parameters(), lr=0.5)
-    nc.restore(checkpoint, again, again_optimizer, 0.02)
-    assert again_optimizer.param_groups[0]["lr"] == 0.02
+    scheduler.step()
+    saved = {"model": cpu_state(model), "optimizer": cpu_state(optimizer),
+             "scheduler": cpu_state(scheduler), "epoch": 1, "step": 0}
+    job = Job(None, (), 4, 2, [2, 2, 2], {}, saved, None)
+    args = nc.parse_args(["--epochs", "4"])
+    again, again_optimizer, again_scheduler = states(0.5)
+    RunState(1, args, job, None, torch.device("cpu"), False,
+             {"model": again, "optimizer": again_optimizer,
+              "scheduler": again_scheduler})
+    assert again_optimizer.param_groups[0]["lr"] == pytest.approx(
+        0.001 * (1 + math.cos(math.pi / 4)) / 2)
+    assert again_scheduler.last_epoch == 1
     step = again_optimizer.state_dict()["state"][0]["step"]
     assert float(step) == 1.0
     # A copy: stepping this optimizer leaves the checkpoint's state alone.
     assert again_optimizer.state[next(again.parameters())]["exp_avg"] is not (
-        checkpoint["optimizer"]["state"][0]["exp_avg"])
+        saved["optimizer"]["state"][0]["exp_avg"])
+    # A run with a scheduler refuses a checkpoint without one.
+    del saved["scheduler"]
+    with pytest.raises(gbrun.UsageError, match="has no scheduler state"):
+        RunState(1, args, job, None, torch.device("cpu"), False,
+                 {"model": again, "optimizer": again_optimizer,
+                  "scheduler": again_scheduler})
 
 
 def _tiny_batch():
@@ -391,15 +428,15 @@ def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     import node_classification as nc
 
     path = tmp_path / "checkpoint.pt"
-    nc.save_atomically({"epoch": 1}, str(path))
+    gbrun.checkpoint.save_atomically({"epoch": 1}, str(path))
 
     def crash(obj, f):
         f.write(b"half a checkpoint")
         raise OSError("disk full")
 
-    monkeypatch.setattr(nc.torch, "save", crash)
+    monkeypatch.setattr(gbrun.checkpoint.torch, "save", crash)
     with pytest.raises(OSError):
-        nc.save_atomically({"epoch": 2}, str(path))
+        gbrun.checkpoint.save_atomically({"epoch": 2}, str(path))
     monkeypatch.undo()
     assert torch.load(path) == {"epoch": 1}
     assert os.listdir(tmp_path) == ["checkpoint.pt"]
@@ -447,16 +484,17 @@ def _sampled_twice(rank, dataset_dir, threads):
                           "--fanout", "5,5,5"])
     job = nc.load_job(args, 1)
     loader = nc.create_dataloader(
-        job.dataset.graph, job.dataset.feature, job.dataset.tasks[0].train_set,
-        torch.device("cpu"), "cpu", True, args, 7,
+        job.dataset.graph, job.dataset.feature, job.item_sets[0],
+        torch.device("cpu"), "cpu", True, args, job.fanout,
     )
     passes = []
     for _ in range(2):
-        nc.seed_epoch(7, rank, 0, loader.item_sampler)
+        # Rank 1's view, so no progress bar; epoch 0 of seed 7.
+        batches = gbrun.data.Batches(loader, rank + 1, "train", 7, epoch=0)
         # Input node ids, and each layer's edges in the ids the batch uses.
         passes.append([
             [data.input_nodes, *(torch.stack(b.edges()) for b in data.blocks)]
-            for data in loader.batches(rank + 1, "train")  # no progress bar
+            for data in batches
         ])
     return passes
 

@@ -1,0 +1,313 @@
+"""Datasets and batches: loading and checking a GraphBolt dataset, placing
+it where --mode says, the options that differ between GraphBolt releases
+(told apart by signature, never by version strings), and the mini-batches a
+rank trains on, seeded so that a run repeats and resumes exactly."""
+import inspect
+import itertools
+import os
+import random
+import time
+
+import numpy as np
+import torch
+import tqdm
+from torch.utils.data.graph import traverse_dps
+from torch.utils.data.graph_settings import get_all_graph_pipes
+
+from .cli import UsageError
+from .graphbolt import gb
+
+BUILTIN_DATASETS = ["cora", "ogbn-arxiv", "ogbn-products", "ogbn-papers100M"]
+SPLITS = ("train_set", "validation_set", "test_set")
+
+
+def node_key(name):
+    """The feature store's key of node feature `name` (homogeneous graph)."""
+    return ("node", None, name)
+
+
+def load_dataset(name_or_dir, data_root="datasets"):
+    """The one place that reads datasets (the scripts use it too): a builtin
+    GraphBolt dataset (downloaded under `data_root` on first use) or an
+    OnDiskDataset directory, by its real path: GraphBolt preprocesses a
+    directory again whenever it is spelled differently."""
+    if name_or_dir in BUILTIN_DATASETS:
+        try:
+            dataset = gb.BuiltinDataset(name_or_dir, root=data_root).load()
+        except Exception as error:
+            raise UsageError(
+                f"could not fetch dataset '{name_or_dir}' into "
+                f"'{data_root}' ({type(error).__name__}: {error}); offline, "
+                "make one with scripts/make_synthetic_dataset.py DIR and pass "
+                "--dataset DIR"
+            ) from None
+    elif os.path.isdir(name_or_dir):
+        if not os.path.isfile(os.path.join(name_or_dir, "metadata.yaml")):
+            raise UsageError(
+                f"--dataset '{name_or_dir}' is a directory without "
+                "metadata.yaml, so it is not a GraphBolt OnDiskDataset"
+            )
+        dataset = gb.OnDiskDataset(os.path.realpath(name_or_dir)).load()
+    else:
+        raise UsageError(
+            f"--dataset '{name_or_dir}' is neither a builtin dataset "
+            f"({', '.join(BUILTIN_DATASETS)}) nor a directory"
+        )
+    if not dataset.tasks:
+        raise UsageError(f"dataset '{name_or_dir}' defines no task")
+    return dataset
+
+
+def dataset_identity(name_or_dir):
+    """How a checkpoint names its dataset: a builtin's name or a real path."""
+    if name_or_dir in BUILTIN_DATASETS:
+        return name_or_dir
+    return os.path.realpath(name_or_dir)
+
+
+def check_dataset(dataset, name, feature_key, label_key):
+    """Refuses a dataset the example cannot train on, naming what is
+    missing. Returns the task's item sets (train, validation, test), each
+    with labels: the task's own, or else the node feature `label_key` of
+    each seed."""
+    task = dataset.tasks[0]
+    if "num_classes" not in task.metadata:
+        raise UsageError(
+            f"dataset '{name}': task '{task.metadata.get('name', 0)}' has no "
+            "num_classes in metadata.yaml"
+        )
+    names = ", ".join(str(k[2]) for k in dataset.feature.keys()) or "none"
+    if node_key(feature_key) not in dataset.feature.keys():
+        raise UsageError(
+            f"dataset '{name}' has no node feature named '{feature_key}' "
+            f"(it has: {names})"
+        )
+    item_sets = []
+    for split in SPLITS:
+        item_set = getattr(task, split)
+        if item_set is None or len(item_set) == 0:
+            raise UsageError(f"dataset '{name}' has an empty {split}")
+        if "labels" not in (item_set.names or ()):
+            if node_key(label_key) not in dataset.feature.keys():
+                raise UsageError(
+                    f"dataset '{name}': the {split} has no labels and there "
+                    f"is no node feature named '{label_key}' (it has: {names})"
+                )
+            item_set = labelled(item_set, dataset.feature, label_key)
+        item_sets.append(item_set)
+    return tuple(item_sets)
+
+
+def labelled(item_set, features, label_key):
+    """An item set of seed nodes with their labels from the feature store,
+    read once here instead of for every batch."""
+    seeds = torch.as_tensor(item_set[0 : len(item_set)])
+    labels = features.read(*node_key(label_key), seeds).reshape(-1).long()
+    return gb.ItemSet((seeds, labels), names=("seed_nodes", "labels"))
+
+
+def check_train_split(num_train_items, batch_size, world_size):
+    """The training sampler drops partial and uneven batches, so each rank
+    needs one full batch: num_train_items >= batch_size * world_size."""
+    if num_train_items < batch_size * world_size:
+        largest = num_train_items // world_size
+        raise UsageError(
+            f"--batch-size {batch_size}: the train set has {num_train_items} "
+            f"items, too few for one full batch on each of {world_size} "
+            f"ranks; use --batch-size {largest} or less"
+            if largest > 0
+            else f"the train set has {num_train_items} items, fewer than the "
+            f"{world_size} ranks"
+        )
+
+
+def store_in_bf16(dataset, feature_key):
+    """--precision bf16: the feature converted once, where the data is
+    loaded; the ranks share this copy and the fp32 one is released."""
+    key = node_key(feature_key)
+    dataset.feature.update(*key, dataset.feature.read(*key).to(torch.bfloat16))
+
+
+def _accepts(callable_, name):
+    """True if `callable_` takes a parameter `name`: how GraphBolt releases
+    are told apart here (never by parsing version strings)."""
+    return name in inspect.signature(callable_).parameters
+
+
+def graphbolt_options(device, storage):
+    """Keyword arguments for each pipeline stage on this GraphBolt release.
+    - copy_to: dgl 2.1.0 copies seed_nodes only when asked to; newer
+      releases copy everything and have no `extra_attrs`.
+    - sample_neighbor: dgl 2.4 overlaps graph fetching (pinned graphs) and
+      samples asynchronously on the GPU; older releases have no such knobs.
+    - fetch_feature / DataLoader: GraphBolt overlaps feature fetching on a
+      CUDA stream whenever torch has CUDA, even for a CPU rank (where a
+      CPU-only DGL then crashes): only ranks that train on a GPU ask for
+      it. dgl 2.4 has the knob on fetch_feature, 2.1-2.3 on the DataLoader."""
+    on_gpu = device.type == "cuda"
+    options = {
+        "copy_to": {}, "sample_neighbor": {}, "fetch_feature": {},
+        "DataLoader": {},
+    }
+    if _accepts(gb.CopyTo.__init__, "extra_attrs"):
+        options["copy_to"]["extra_attrs"] = ["seed_nodes"]
+    if _accepts(gb.NeighborSampler.__init__, "overlap_fetch"):
+        options["sample_neighbor"]["overlap_fetch"] = storage == "pinned"
+    if _accepts(gb.NeighborSampler.__init__, "asynchronous"):
+        options["sample_neighbor"]["asynchronous"] = storage != "cpu"
+    if _accepts(gb.FeatureFetcher.__init__, "overlap_fetch"):
+        options["fetch_feature"]["overlap_fetch"] = on_gpu
+    if _accepts(gb.DataLoader.__init__, "overlap_feature_fetch"):
+        options["DataLoader"]["overlap_feature_fetch"] = on_gpu
+    return options
+
+
+def place_dataset(dataset, storage, device, gpu_cache_size, feature_key):
+    """Puts the graph and features where --mode says; with pinned features,
+    optionally fronts them with a GPU cache of `gpu_cache_size` bytes."""
+    if storage == "cuda":
+        return dataset.graph.to(device), dataset.feature.to(device)
+    if storage == "cpu":
+        return dataset.graph, dataset.feature
+    # Pin the graph and features (in place) to enable GPU access.
+    graph = dataset.graph.pin_memory_()
+    features = dataset.feature.pin_memory_()
+    if gpu_cache_size > 0:
+        # The loader fetches one feature: a store of that feature alone,
+        # cached, works with every GraphBolt release's public API.
+        key = node_key(feature_key)
+        feature = gb.TorchBasedFeature(features.read(*key))
+        features = gb.BasicFeatureStore(
+            {key: make_gpu_cache(feature, gpu_cache_size)}
+        )
+    return graph, features
+
+
+def make_gpu_cache(feature, cache_bytes):
+    """A GPU cache of `cache_bytes` bytes in front of `feature`, for each
+    GraphBolt API shape, told apart by signature: dgl 2.4+ has a function
+    taking bytes; 2.2.1-2.3 a class taking bytes; 2.1-2.2.0 the same class
+    taking rows (there `gb.gpu_cached_feature` is the module holding it)."""
+    if inspect.isfunction(getattr(gb, "gpu_cached_feature", None)):
+        return gb.gpu_cached_feature(feature, cache_bytes)
+    if _accepts(gb.GPUCachedFeature.__init__, "max_cache_size_in_bytes"):
+        return gb.GPUCachedFeature(feature, cache_bytes)
+    row = feature.read(torch.tensor([0]))
+    row_bytes = row.element_size() * row.numel()
+    return gb.GPUCachedFeature(feature, max(1, cache_bytes // row_bytes))
+
+
+def item_sampler_of(dataloader):
+    """The DistributedItemSampler at the root of a GraphBolt DataLoader."""
+    for pipe in get_all_graph_pipes(traverse_dps(dataloader.dataset)):
+        if isinstance(pipe, gb.ItemSampler):
+            return pipe
+    raise ValueError("the data loader has no GraphBolt ItemSampler")
+
+
+class Batches:
+    """A DataLoader's mini-batches for one pass, at most `limit` of them,
+    with a progress bar on rank 0; counts the steps and the host time spent
+    waiting for data (`step`: batches handed out so far, skipped ones
+    included). Under a seed, every pass samples serially (see
+    sample_serially), and a training pass (`epoch` given) derives its
+    shuffling and sampling from (seed, rank, epoch) and each step's dropout
+    from (seed, rank, epoch, step), after skipping the `skip` batches a
+    stopped run already trained: a run repeats, and resumes at any step."""
+
+    def __init__(self, dataloader, rank, name, seed=None, epoch=None, skip=0,
+                 limit=None):
+        self.dataloader = dataloader
+        self.rank, self.name = rank, name
+        self.seed, self.epoch = seed, epoch
+        self.step, self.limit = skip, limit
+        self.data_wait = 0.0
+
+    def __iter__(self):
+        item_sampler = item_sampler_of(self.dataloader)
+        seeded = self.seed is not None
+        training = seeded and self.epoch is not None
+        if training:
+            seed_epoch(self.seed, self.rank, self.epoch, item_sampler)
+        batches = sample_serially(self.dataloader) if seeded else self.dataloader
+        batches = itertools.islice(batches, self.step, self.limit)
+        if self.rank == 0:
+            total = rank0_batches(item_sampler, self.limit)
+            batches = tqdm.tqdm(
+                batches, desc=self.name, total=total, initial=self.step
+            )
+        batches = iter(batches)
+        while True:
+            start = time.time()
+            data = next(batches, None)
+            # Host time waiting for the loader: sampling and feature
+            # fetching that no prefetch thread hid.
+            self.data_wait += time.time() - start
+            if data is None:
+                return
+            if training:
+                torch.manual_seed(
+                    derived_seed(self.seed, self.rank, self.epoch, self.step)
+                )
+            # Counted before the step runs: a loop that breaks after it
+            # (a stop) has trained `step` batches.
+            self.step += 1
+            yield data
+
+
+def rank0_batches(item_sampler, limit):
+    """How many batches rank 0 gets (the progress bar's total): training
+    drops partial and uneven batches, evaluation drops nothing."""
+    world_size = getattr(item_sampler, "_world_size", None) or 1
+    num_items = len(item_sampler._item_set)
+    per_round = item_sampler._batch_size * world_size
+    whole, rest = divmod(num_items, per_round)
+    total = whole + (0 if item_sampler._drop_last else rest > 0)
+    return min(total, limit or total)
+
+
+def sample_serially(batches):
+    """Yields the loader's batches, sampling each with one thread. With more,
+    dgl 2.1.0's sampling is not repeatable: only the calling thread's random
+    engine is seeded, and unique_and_compact numbers ids in whichever order
+    the threads insert them. Training keeps all threads. Costs about 15%
+    with 1 rank x 2 threads on a 200k-node graph; nothing with 1 thread."""
+    threads = torch.get_num_threads()
+    iterator = iter(batches)
+    while True:
+        torch.set_num_threads(1)
+        try:
+            batch = next(iterator, None)
+        finally:
+            torch.set_num_threads(threads)
+        if batch is None:
+            return
+        yield batch
+
+
+def seed_epoch(seed, rank, epoch, item_sampler):
+    """Derives this rank's randomness for one epoch (shuffling, neighbor
+    sampling) from (seed, rank, epoch), like PyTorch's
+    DistributedSampler.set_epoch: the same seed repeats a run, and a resumed
+    run (which samples the batches it skips) continues it exactly."""
+    epoch_seed = derived_seed(seed, rank, epoch)
+    random.seed(epoch_seed)
+    np.random.seed(epoch_seed)
+    torch.manual_seed(epoch_seed)
+    gb.seed(epoch_seed)
+    # dgl 2.1.0's item sampler shuffles with its own unseeded
+    # np.random.default_rng() and takes no seed argument, so replace it.
+    if hasattr(item_sampler, "_rng"):
+        item_sampler._rng = np.random.default_rng(epoch_seed)
+
+
+def derived_seed(*entropy):
+    return int(np.random.SeedSequence(list(entropy)).generate_state(1)[0])
+
+
+def synchronized_time(device):
+    """time.time() once the GPU has finished its queued work: CUDA runs
+    asynchronously, so without this a timing measures only the launches."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.time()

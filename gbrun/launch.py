@@ -1,0 +1,409 @@
+"""The launch plan and both launchers.
+
+plan_run is the one place that decides devices, backend, world size,
+rendezvous and threads; launch() starts one process per device with
+mp.spawn, or runs this process as one rank under torchrun. Each rank runs the
+example's `run(rank, plan, args, job, stop)` through run_rank, which reports
+its failure and tears its process group down.
+"""
+import datetime
+import os
+import pickle
+import random
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+
+import dgl
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.multiprocessing.reductions import ForkingPickler
+
+from .cli import UsageError, fail, is_first_process
+from .graphbolt import INSTALL_CUDA_DGL
+from .stop import StopSignal, relay_stop_signals
+MODES = ["auto", "cpu-cpu", "cpu-cuda", "pinned-cuda", "cuda-cuda"]
+# How long ranks wait for the first load of the dataset under torchrun (a
+# download and preprocessing of ogbn-papers100M takes hours). That wait runs
+# over gloo: NCCL's own timeout (10 minutes in torch 2.2) would end it.
+LOAD_TIMEOUT = datetime.timedelta(hours=6)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How this launch runs, decided once by plan_run."""
+
+    mode: str  # resolved: never "auto"
+    storage: str  # "cpu", "pinned" or "cuda"
+    backend: str  # "gloo" or "nccl"
+    launcher: str  # "spawn" or "torchrun"
+    world_size: int
+    rank_offset: int  # global rank of this launch's first process
+    local_rank: int
+    local_world_size: int
+    devices: list  # device strings, indexed by rank - rank_offset
+    init_method: str
+    threads: int
+    autocast: bool  # bf16 autocast in the forward pass
+    rank_env: dict  # environment for spawned ranks
+    notices: list  # lines to print before training
+    load_timeout: datetime.timedelta = LOAD_TIMEOUT
+
+    def device(self, rank):
+        return torch.device(self.devices[rank - self.rank_offset])
+
+
+def dgl_has_cuda():
+    """True if this DGL and its GraphBolt library can run on CUDA. Asks for
+    what only their CUDA builds register (libdgl's `device_api.cuda`,
+    GraphBolt's `set_max_uva_threads` op), so it touches no GPU."""
+    return (
+        dgl.get_global_func("device_api.cuda", allow_missing=True) is not None
+        and hasattr(torch.ops.graphbolt, "set_max_uva_threads")
+    )
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What plan_run needs to know about this machine (tests make their own)."""
+
+    cuda: bool  # torch sees CUDA devices
+    dgl_cuda: bool  # DGL and GraphBolt were built with CUDA
+    num_gpus: int
+    num_cores: int
+    gpu_bf16: bool = True  # the GPUs compute in bfloat16
+    cpu_bf16: bool = False  # the CPU computes bfloat16 natively
+
+
+def detect_machine(precision):
+    cuda, dgl_cuda = torch.cuda.is_available(), dgl_has_cuda()
+    # Asked only when it matters: it initializes CUDA in this process.
+    gpu_bf16 = not (precision == "bf16" and cuda and dgl_cuda) or (
+        torch.cuda.is_bf16_supported()
+    )
+    cores = len(os.sched_getaffinity(0))
+    return Machine(
+        cuda, dgl_cuda, torch.cuda.device_count(), cores, gpu_bf16,
+        cpu_has_bf16(),
+    )
+
+
+def cpu_has_bf16():
+    """True if the CPU has bfloat16 instructions (AVX512-BF16, AMX). Without
+    them torch computes bf16 with scalar code: a SAGE step under autocast
+    took 25x longer than in fp32 on an AVX2 machine."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def plan_run(args, env=os.environ, machine=None):
+    """The one place that decides devices, backend, world size, rendezvous
+    and threads. Everything it needs comes in as arguments (the Machine:
+    torch's CUDA, DGL's CUDA) so that every case can be checked without a
+    GPU."""
+    machine = machine or detect_machine(args.precision)
+    cuda_available, dgl_cuda = machine.cuda, machine.dgl_cuda
+    num_cuda_devices, num_cores = machine.num_gpus, machine.num_cores
+    mode, notices = args.mode, []
+    if mode == "auto":
+        mode = "pinned-cuda" if cuda_available and dgl_cuda else "cpu-cpu"
+        if not cuda_available:
+            notices.append(
+                "CUDA is not available: using --mode cpu-cpu "
+                "(one CPU process per --gpu entry, gloo backend)."
+            )
+        elif not dgl_cuda:
+            notices.append(
+                f"torch sees {num_cuda_devices} GPU(s), but this DGL is a "
+                "CPU-only build: using --mode cpu-cpu (one CPU process per "
+                f"--gpu entry, gloo backend). To train on the GPUs: "
+                f"{INSTALL_CUDA_DGL}"
+            )
+    storage, train_device = mode.split("-")
+    check_mode(args, mode, machine)
+
+    torchrun = all(key in env for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    if torchrun:
+        # torchrun starts one process per rank; the device is LOCAL_RANK.
+        rank, local_rank = int(env["RANK"]), int(env["LOCAL_RANK"])
+        world_size = int(env["WORLD_SIZE"])
+        local_world_size = int(env.get("LOCAL_WORLD_SIZE", world_size))
+        device_ids, rank_offset = [local_rank], rank
+        init_method = "env://"
+    else:
+        device_ids = parse_gpu_list(args.gpu)
+        world_size = local_world_size = len(device_ids)
+        rank_offset, local_rank = 0, 0
+        port = args.master_port or free_port()
+        init_method = f"tcp://127.0.0.1:{port}"
+
+    if train_device == "cuda":
+        missing = [i for i in device_ids if i >= num_cuda_devices]
+        if missing:
+            raise UsageError(
+                f"GPU {missing[0]} does not exist: {num_cuda_devices} CUDA "
+                f"device(s) visible (ids 0..{num_cuda_devices - 1})"
+            )
+        devices = [f"cuda:{i}" for i in device_ids]
+    else:
+        devices = ["cpu"] * len(device_ids)
+
+    if args.seed is not None and args.num_workers > 0:
+        notices.append(
+            "Note: with --num-workers > 0 sampling runs in worker processes "
+            "that --seed does not reach; runs will differ."
+        )
+    autocast = args.precision == "bf16" and (
+        train_device == "cuda" or machine.cpu_bf16
+    )
+    if args.precision == "bf16" and not autocast:
+        notices.append(
+            "--precision bf16: this CPU has no bfloat16 instructions "
+            "(AVX512-BF16, AMX), so features are stored in bf16 (half the "
+            "memory) and the model computes in fp32."
+        )
+    # Upstream's cpu_count // 2 // world_size is 0 on small machines.
+    threads = args.threads or max(1, num_cores // local_world_size)
+    rank_env = {"OMP_NUM_THREADS": str(threads)}
+    if train_device == "cpu":
+        # CPU ranks see no GPU, so no library starts CUDA in them (under
+        # torchrun the ranks already run: this cannot apply).
+        rank_env["CUDA_VISIBLE_DEVICES"] = ""
+    return Plan(
+        mode=mode,
+        storage=storage,
+        backend="nccl" if train_device == "cuda" else "gloo",
+        launcher="torchrun" if torchrun else "spawn",
+        world_size=world_size,
+        rank_offset=rank_offset,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        devices=devices,
+        init_method=init_method,
+        threads=threads,
+        autocast=autocast,
+        rank_env=rank_env,
+        notices=notices,
+    )
+
+
+def check_mode(args, mode, machine):
+    """Refuses a mode this machine cannot run, or options it cannot use."""
+    storage, train_device = mode.split("-")
+    cuda_available, dgl_cuda = machine.cuda, machine.dgl_cuda
+    if train_device == "cuda" and not cuda_available:
+        raise UsageError(
+            f"--mode {mode} needs CUDA, but no CUDA device is available; "
+            "use --mode cpu-cpu or auto"
+        )
+    if train_device == "cuda" and not dgl_cuda:
+        raise UsageError(
+            f"--mode {mode} needs CUDA, but this DGL is a CPU-only build "
+            f"(as PyPI's is); install DGL's CUDA build: {INSTALL_CUDA_DGL}"
+        )
+    if args.gpu_cache_size > 0 and storage != "pinned":
+        raise UsageError(
+            f"--gpu-cache-size {args.gpu_cache_size} needs a CUDA training "
+            f"device with pinned features (--mode pinned-cuda), but --mode "
+            f"is {mode}"
+        )
+    if args.precision == "bf16" and train_device == "cuda" and not (
+        machine.gpu_bf16
+    ):
+        raise UsageError(
+            "--precision bf16: this GPU does not compute in bfloat16 "
+            "(torch.cuda.is_bf16_supported() is False); use --precision fp32"
+        )
+    if args.num_workers > 0 and storage != "cpu":
+        raise UsageError(
+            f"--num-workers {args.num_workers}: with --mode {mode} sampling "
+            "runs on the GPU, which worker processes cannot do; use "
+            "--num-workers 0"
+        )
+
+
+def free_port():
+    """A TCP port free now, for the rendezvous that rank 0 binds seconds
+    later (two runs never collide on a fixed port). It comes from below the
+    kernel's ephemeral range: a port in that range can be handed to any
+    outgoing connection on the machine before rank 0 binds it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768  # Linux's default
+    below = range(max(1024, ephemeral_low - 12000), ephemeral_low)
+    # Not the seeded generator: two runs with one --seed pick apart.
+    tries = random.SystemRandom().sample(below, min(100, len(below)))
+    for port in tries:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))  # let the kernel choose
+        return sock.getsockname()[1]
+
+
+def parse_gpu_list(text):
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise UsageError(
+            f"--gpu '{text}': expected device ids like 0 or 0,1,2,3"
+        ) from None
+    if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise UsageError(
+            f"--gpu '{text}': ids must be distinct and non-negative"
+        )
+    return ids
+
+
+def launch_ranks(run, args, load_job, plan=None):
+    """Plans the run, then runs `run(rank, plan, args, job, stop)` on every
+    rank: one spawned process per device, with the job loaded once by
+    `load_job(args, world_size)` in this process; or, under torchrun, this
+    process as one rank with job None (the ranks then load it in turn, see
+    load_job_in_turn). Bad input before training: one line, exit 2, nothing
+    spawned."""
+    try:
+        plan = plan or plan_run(args)
+        if plan.rank_offset == 0:
+            for notice in plan.notices:
+                print(notice)
+        # Both launchers hand the dataset to other processes through files
+        # in /dev/shm (the default, file descriptors, can run out of them).
+        mp.set_sharing_strategy("file_system")
+        if plan.launcher == "torchrun":
+            run_rank(plan.rank_offset, run, plan, args, None)
+            return
+        unit = "gpu" if plan.backend == "nccl" else "CPU process"
+        plural = "es" if unit.endswith("s") else "s"
+        print(f"Training with {plan.world_size} {unit}"
+              f"{plural * (plan.world_size > 1)}.")
+        job = load_job(args, plan.world_size)
+    except UsageError as error:
+        # Under torchrun every rank finds the same bad input: rank 0 says so.
+        fail(error, speak=is_first_process())
+    spawn(run, plan, args, job)
+
+
+def spawn(run, plan, args, job):
+    """One process per device; the first SIGTERM or SIGINT asks every rank
+    to stop with a checkpoint, a second kills them. Exits non-zero when a
+    rank failed, 128 + the signal's number when stopped by one."""
+    os.environ.update(plan.rank_env)
+    stop_request = mp.get_context("spawn").Value("i", 0)
+    context = mp.spawn(
+        run_rank,
+        args=(run, plan, args, job, stop_request),
+        nprocs=plan.world_size,
+        join=False,
+    )
+    relay_stop_signals(context, stop_request)
+    try:
+        while not context.join():
+            pass
+    except mp.ProcessRaisedException:
+        # mp.spawn has already stopped the other ranks; each failed rank
+        # printed its traceback.
+        sys.exit("error: training failed; each failing rank's error is above")
+    except mp.ProcessExitedException as error:
+        if stop_request.value:
+            # Stopped on request; rank 0 said where and how to resume.
+            sys.exit(128 + stop_request.value)
+        sys.exit(f"error: training failed: {error}")
+
+
+def run_rank(rank, run, plan, args, job, stop_request=None):
+    """The entry point of each rank: run() with its failure reported and its
+    process group torn down. A rank stopped by a signal exits with 128 + its
+    number, as a process killed by it would."""
+    try:
+        stop = StopSignal(plan.device(rank), stop_request)
+        stopped_by = run(rank, plan, args, job, stop)
+    except UsageError as error:
+        # Bad input found in the ranks (torchrun loads the data there):
+        # one line, from rank 0; every rank exits 2.
+        fail(error, speak=rank == 0)
+    except Exception:
+        # Report every failing rank here: the launcher shows only one, often
+        # a peer's "connection closed" instead of the cause.
+        print(f"rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
+        raise
+    finally:
+        if dist.is_initialized():
+            destroy_process_group()
+    if stopped_by:
+        sys.exit(128 + stopped_by)
+
+
+def load_job_in_turn(rank, plan, load_job, args):
+    """Under torchrun there is no parent to load the dataset once. Rank 0
+    goes first (it may download or preprocess into the dataset directory),
+    then the first process of each other node. Each of them hands the other
+    ranks of its node what it loaded through shared memory, as mp.spawn
+    does: a node holds one copy of the graph and features, not one per rank.
+    The waits run over gloo with plan.load_timeout, whatever the backend."""
+    world = dist.new_group(backend="gloo", timeout=plan.load_timeout)
+    job, refusal = None, [None]
+    if rank == 0:
+        try:
+            job = load_job(args, plan.world_size)
+        except UsageError as error:
+            refusal = [str(error)]
+    # Every rank learns whether rank 0 refused the input, and waits for it.
+    dist.broadcast_object_list(refusal, src=0, group=world)
+    if refusal[0] is not None:
+        raise UsageError(refusal[0])
+    if plan.local_rank == 0 and rank != 0:
+        job = load_job(args, plan.world_size)
+    # torchrun numbers the ranks of a node consecutively.
+    node_group, _ = dist.new_subgroups(
+        plan.local_world_size, backend="gloo", timeout=plan.load_timeout
+    )
+    # ForkingPickler moves tensors to shared memory in place and pickles only
+    # their names, counting one reference that the unpickling process
+    # releases. So each receiver gets its own pickle: one pickle loaded twice
+    # releases twice, and the graph's pickle also carries tensors made while
+    # pickling, unlinked once the first receiver is done with them.
+    payloads = None
+    if plan.local_rank == 0:
+        payloads = [b""] + [
+            bytes(ForkingPickler.dumps(job))
+            for _ in range(plan.local_world_size - 1)
+        ]
+    mine = [None]
+    dist.scatter_object_list(
+        mine, payloads, src=rank - plan.local_rank, group=node_group
+    )
+    return job if plan.local_rank == 0 else pickle.loads(mine[0])
+
+
+def barrier(device):
+    """A barrier that tells NCCL the rank's GPU: before the first NCCL
+    collective torch 2.2 would otherwise guess it, and can hang."""
+    if device.type == "cuda":
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
+
+
+def destroy_process_group():
+    """torch 2.2 destroys a gloo group while holding the GIL, and can
+    deadlock if a gloo worker thread still has to free a tensor of a recent
+    collective (freeing needs the GIL); fixed upstream in pytorch#154976.
+    Sleeping first releases the GIL so that the worker can finish: in a
+    2-rank stress test under load, 4 of 25 runs hung without it, 0 of 25
+    with it."""
+    time.sleep(0.2)
+    dist.destroy_process_group()
