@@ -206,7 +206,7 @@ class RunState:
         here, at that checkpoint. True if stopped."""
         if self.args.checkpoint_dir:
             barrier(self.device)
-        if self.stop.agreed() and epoch + 1 < self.args.epochs:
+        if self.stop.agreed_now() and epoch + 1 < self.args.epochs:
             if self.rank == 0:
                 report_stop(self.args.checkpoint_dir, self.stop.signum,
                             epoch + 1, 0)

@@ -142,9 +142,14 @@ def graphbolt_options(device, storage):
       samples asynchronously on the GPU; older releases have no such knobs.
     - fetch_feature / DataLoader: GraphBolt overlaps feature fetching on a
       CUDA stream whenever torch has CUDA, even for a CPU rank (where a
-      CPU-only DGL then crashes): only ranks that train on a GPU ask for
-      it. dgl 2.4 has the knob on fetch_feature, 2.1-2.3 on the DataLoader."""
-    on_gpu = device.type == "cuda"
+      CPU-only DGL then crashes). Only ranks whose features the GPU reads
+      (pinned or GPU storage) ask for it: with CPU storage (cpu-cuda) the
+      fetch runs in the loader's prefetch thread, whose CUDA device was
+      never set, so its stream and events would open a context on GPU 0 in
+      every rank (dgl 2.1.0, dataloader.py), and the overlap hides nothing
+      there. dgl 2.4 has the knob on fetch_feature, 2.1-2.3 on the
+      DataLoader."""
+    overlap = device.type == "cuda" and storage != "cpu"
     options = {
         "copy_to": {}, "sample_neighbor": {}, "fetch_feature": {},
         "DataLoader": {},
@@ -156,9 +161,9 @@ def graphbolt_options(device, storage):
     if _accepts(gb.NeighborSampler.__init__, "asynchronous"):
         options["sample_neighbor"]["asynchronous"] = storage != "cpu"
     if _accepts(gb.FeatureFetcher.__init__, "overlap_fetch"):
-        options["fetch_feature"]["overlap_fetch"] = on_gpu
+        options["fetch_feature"]["overlap_fetch"] = overlap
     if _accepts(gb.DataLoader.__init__, "overlap_feature_fetch"):
-        options["DataLoader"]["overlap_feature_fetch"] = on_gpu
+        options["DataLoader"]["overlap_feature_fetch"] = overlap
     return options
 
 
@@ -170,8 +175,18 @@ def place_dataset(dataset, storage, device, gpu_cache_size, feature_key):
     if storage == "cpu":
         return dataset.graph, dataset.feature
     # Pin the graph and features (in place) to enable GPU access.
-    graph = dataset.graph.pin_memory_()
-    features = dataset.feature.pin_memory_()
+    try:
+        graph = dataset.graph.pin_memory_()
+        features = dataset.feature.pin_memory_()
+    except AssertionError:
+        # dgl 2.1.0 asserts that cudaHostRegister returned 0, with no message.
+        raise UsageError(
+            "--mode pinned-cuda: pinning the graph and features in host "
+            "memory failed (cudaHostRegister refused them: too little "
+            "lockable memory, or a /dev/shm too small for the shared copy; "
+            "in Docker, --shm-size); use --mode cpu-cuda, or cuda-cuda if "
+            "they fit in GPU memory"
+        ) from None
     if gpu_cache_size > 0:
         # The loader fetches one feature: a store of that feature alone,
         # cached, works with every GraphBolt release's public API.

@@ -13,9 +13,12 @@ TEST_HOOK = "TEST_SIGTERM_AT_CHECK"
 
 class StopSignal(Joinable):
     """SIGTERM or SIGINT (a scheduler's preemption, Ctrl-C) stops every rank
-    at the next step boundary with a checkpoint to resume from; a second one
-    stops at once. A rank cannot stop alone (DDP would hang), so at every
-    boundary the ranks agree with one small all-reduce. It is a Joinable so
+    at a step boundary with a checkpoint to resume from; a second one stops
+    at once. A rank cannot stop alone (DDP would hang), so at every boundary
+    the ranks agree with one small all-reduce, whose result each rank reads
+    at the next boundary: on a GPU the host then never waits for the step it
+    has just queued, only for the one before (a stop takes effect one step
+    after the signal; the checkpoint records where). It is a Joinable so
     that, under Join, a rank that ran out of batches keeps answering.
 
     With mp.spawn the launcher receives the signal (a Ctrl-C reaches every
@@ -34,6 +37,7 @@ class StopSignal(Joinable):
         self.signum = 0  # what the ranks agreed on
         self.checks = 0
         self.test_signal_at = int(os.environ.get(TEST_HOOK, "0"))
+        self.pending = None  # the last flag, on its way to the host
         if stop_request is None:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(signum, self._receive)
@@ -47,24 +51,39 @@ class StopSignal(Joinable):
         self.received = signum
 
     def agreed(self):
-        """True on every rank once any rank has received a signal."""
+        """At a step boundary: True on every rank, at the same step, once
+        any rank had received a signal by the previous boundary."""
         Join.notify_join_context(self)
+        previous, self.pending = self.pending, self._all_reduce()
+        if previous is not None:
+            self.signum = max(self.signum, previous.read())
+        return self.signum > 0
+
+    def agreed_now(self):
+        """As agreed(), reading this boundary's own flag (once an epoch)."""
+        self.settle()
+        self.pending = self._all_reduce()
+        self.settle()
+        return self.signum > 0
+
+    def settle(self):
+        """Reads the flag still on its way (no collective): every rank ends
+        a loop having read as many flags as the others."""
+        if self.pending is not None:
+            self.signum = max(self.signum, self.pending.read())
+            self.pending = None
+
+    def _all_reduce(self):
         self.checks += 1
         if self.checks == self.test_signal_at:
             if self.stop_request is not None:
                 self.stop_request.value = signal.SIGTERM  # as the launcher
             else:
                 self.received = signal.SIGTERM
-        return self.all_reduce() > 0
-
-    def all_reduce(self):
         received = self.received
         if self.stop_request is not None:
             received = self.stop_request.value
-        flag = torch.tensor([received], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        self.signum = int(flag.item())
-        return self.signum
+        return _Flag(received, self.device)
 
     def join_hook(self, **kwargs):
         return _AnswerStopSignal(self)
@@ -79,14 +98,42 @@ class StopSignal(Joinable):
 
 
 
+class _Flag:
+    """The ranks' largest received signal, all-reduced. On a GPU the result
+    is copied to pinned host memory behind the all-reduce on the rank's
+    stream and an event marks it: reading it waits for that point only."""
+
+    def __init__(self, received, device):
+        flag = torch.tensor([received], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self.value, self.ready = flag, None
+        if device.type == "cuda":
+            self.value = torch.empty(1, dtype=flag.dtype, pin_memory=True)
+            self.value.copy_(flag, non_blocking=True)
+            self.ready = torch.cuda.Event()
+            self.ready.record()
+
+    def read(self):
+        if self.ready is not None:
+            self.ready.synchronize()
+        return int(self.value.item())
+
+
 class _AnswerStopSignal(JoinHook):
-    """What a rank that joined early does in each step of the others."""
+    """What a rank that joined early does in each step of the others: the
+    same all-reduce, read at once (it has no step of its own to overlap)."""
 
     def __init__(self, stop):
         self.stop = stop
 
     def main_hook(self):
-        self.stop.all_reduce()
+        self.stop.settle()
+        self.stop.pending = self.stop._all_reduce()
+        self.stop.settle()
+
+    def post_hook(self, is_last_joiner):
+        # Every rank, once all have joined: the last flag of the loop.
+        self.stop.settle()
 
 
 

@@ -104,14 +104,15 @@ def test_a_cosine_schedule_resumed_after_sigterm_is_exact(
     uninterrupted = run_example(common[:-2], env=NO_GPU, script=cosine)
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
     # 6 steps and one check after validation per epoch: the 10th check is
-    # epoch 1's third step. A third epoch shows a scheduler that resumed
-    # from scratch (its lr would stay at epoch 1's).
+    # epoch 1's third step, and each step reads the previous step's check,
+    # so training stops after the fourth. A third epoch shows a scheduler
+    # that resumed from scratch (its lr would stay at epoch 1's).
     stopped = run_example(common, env={**NO_GPU, "TEST_SIGTERM_AT_CHECK": "10"},
                           script=cosine)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     checkpoint = torch.load(tmp_path / "c" / gbrun.CHECKPOINT_FILE,
                             weights_only=True)
-    assert (checkpoint["epoch"], checkpoint["step"]) == (1, 3)
+    assert (checkpoint["epoch"], checkpoint["step"]) == (1, 4)
     # The schedule's state is saved: epoch 1 runs at lr 0.00075.
     assert checkpoint["scheduler"]["last_epoch"] == 1
     lr = checkpoint["optimizer"]["param_groups"][0]["lr"]

@@ -451,29 +451,6 @@ def test_plot_metrics_names_a_missing_log(tmp_path):
     assert "nothing/metrics.jsonl: no such file" in result.stderr
 
 
-def test_docs_snippet_loads_the_model_and_predicts(
-        small_dataset, reference_run):
-    trained, out = reference_run
-    run_dir = out / "ckpt"
-    doc = open(os.path.join(REPO, "docs", "running.md")).read()
-    blocks = [block.split("```")[0] for block in doc.split("```python\n")[1:]]
-    (snippet,) = [block for block in blocks if "model.pt" in block]
-    snippet = snippet.replace("data/synthetic", small_dataset)
-    snippet = snippet.replace("runs/a/model.pt", str(run_dir / "model.pt"))
-    result = subprocess.run(
-        [sys.executable, "-c", snippet], capture_output=True, text=True,
-        cwd=REPO, timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    # The snippet's predictions are the trained model's: it scores the whole
-    # test set about as the training run did (chance is 0.1).
-    found = re.search(r"test accuracy (\d\.\d+) on (\d+) nodes", result.stdout)
-    assert found, result.stdout
-    assert int(found[2]) == 600
-    assert abs(float(found[1]) - reported_test_accuracy(trained.stdout)) < 0.1
-    assert float(found[1]) > 0.6
-
-
 def _sampled_twice(rank, dataset_dir, threads):
     """Samples one seeded training epoch twice with `threads` threads, as a
     rank does; returns what each pass sampled."""
