@@ -5,8 +5,10 @@ distributed engine (DistGraph).
 The single-machine example keeps the whole graph in each process. Here the
 graph is split into one partition per machine (scripts/partition_graph.py);
 each machine runs graph servers that hold its partition, and trainers that
-sample mini-batches from all servers over the network. The model, its
-arguments and its output lines are those of node_classification.py.
+sample mini-batches from all servers over the network. The model and its
+evaluation (the metric, exact across trainers) are node_classification.py's,
+so an edit there applies here too; the options are a subset of its own, and
+the epoch line stops at `Time` (docs/distributed.md).
 
 This script is both the server and the trainer: a launcher starts it with
 DGL_ROLE=server or DGL_ROLE=client in the environment, and
@@ -37,9 +39,9 @@ main
     ├── train
     │   ├── create_dataloader        DistNodeDataLoader (HIGHLIGHT)
     │   ├── Join                     trainers with fewer batches (HIGHLIGHT)
-    │   └── evaluate
-    │       └── weighted_reduce      exact metrics across trainers (the example's)
-    └── evaluate on the test set
+    │   └── evaluate_nodes
+    │       └── evaluate             the example's metric, exact across trainers
+    └── evaluate_nodes on the test set
 """
 import argparse
 import json
@@ -47,6 +49,7 @@ import os
 import sys
 import time
 import traceback
+from types import SimpleNamespace
 
 import dgl
 import torch
@@ -59,8 +62,11 @@ from gbrun import fail
 from gbrun.launch import destroy_process_group
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# The model and the exact reduce are the example's: edit them there.
-from node_classification import create_model, weighted_reduce  # noqa: E402
+# The model, its metric and the exact reduce are the example's: edit them
+# there.
+from node_classification import (  # noqa: E402
+    FEATURE_KEY, METRIC, create_model, evaluate, weighted_reduce,
+)
 
 # One fanout value per layer of the example's model.
 NUM_LAYERS = len(create_model(1, 2).layers)
@@ -92,27 +98,44 @@ def dump_path(dump_dir, name):
     return None if dump_dir is None else os.path.join(dump_dir, name)
 
 
-@torch.no_grad()
-def evaluate(model, g, node_ids, fanout, batch_size, dump_to=None):
-    """Accuracy over all trainers' node_ids; each node is scored once."""
-    model.eval()
-    num_correct, num_items, seen = 0, 0, []
-    if len(node_ids) > 0:
-        dataloader = create_dataloader(g, node_ids, fanout, batch_size, False)
+class DistPass:
+    """What the example's evaluate asks of its `state`, for a DistGraph: the
+    device (the CPU), no autocast, and the batches of one pass shaped like
+    GraphBolt's (blocks, node_features, labels), fetched from the servers
+    that own them. Keeps the seeds it handed out, for --dump-seeds."""
+
+    device = torch.device("cpu")
+    autocast = False
+
+    def __init__(self, g):
+        self.g, self.seen = g, []
+
+    def batches(self, dataloader, name):
         for _, seeds, blocks in dataloader:
-            x = g.ndata["feat"][blocks[0].srcdata[dgl.NID]]
-            y = g.ndata["label"][seeds].long()
-            # The unwrapped module: a DDP forward here would expect a backward.
-            y_hat = model.module(blocks, x)
-            num_correct += int((y_hat.argmax(dim=1) == y).sum())
-            num_items += len(seeds)
-            seen.append(seeds)
+            self.seen.append(seeds)
+            yield SimpleNamespace(
+                blocks=blocks,
+                node_features={FEATURE_KEY: self.g.ndata["feat"][
+                    blocks[0].srcdata[dgl.NID]]},
+                labels=self.g.ndata["label"][seeds].long(),
+            )
+
+
+def evaluate_nodes(model, g, node_ids, num_classes, fanout, batch_size, name,
+                   dump_to=None):
+    """The example's metric (its evaluate, exact across trainers) over every
+    trainer's node_ids; each node is scored once. On rank 0."""
+    dataloader = (
+        create_dataloader(g, node_ids, fanout, batch_size, False)
+        if len(node_ids) > 0
+        else []
+    )
+    state = DistPass(g)
+    metric = evaluate(model, dataloader, num_classes, state, name)
     if dump_to is not None:
-        torch.save(torch.cat(seen) if seen else torch.empty(0), dump_to)
-    # Exact across trainers, on rank 0 (the example's weighted_reduce).
-    return weighted_reduce(
-        torch.tensor(float(num_correct), dtype=torch.float64), num_items
-    ).item()
+        seen = torch.cat(state.seen) if state.seen else torch.empty(0)
+        torch.save(seen, dump_to)
+    return metric.item()
 
 
 def train_one_epoch(model, optimizer, dataloader, g, debug, rank):
@@ -141,7 +164,7 @@ def train_one_epoch(model, optimizer, dataloader, g, debug, rank):
     return loss_sum, num_seeds, torch.cat(seen) if seen else torch.empty(0)
 
 
-def train(model, g, splits, fanout, args, rank):
+def train(model, g, splits, num_classes, fanout, args, rank):
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     # A trainer without seeds still takes part: Join answers the others.
     train_loader = (
@@ -160,15 +183,16 @@ def train(model, g, splits, fanout, args, rank):
         average_loss = weighted_reduce(
             torch.tensor(float(loss_sum), dtype=torch.float64), num_seeds
         ).item()
-        accuracy = evaluate(
-            model, g, splits["val"], fanout, args.batch_size,
+        metric = evaluate_nodes(
+            model, g, splits["val"], num_classes, fanout, args.batch_size,
+            f"validate {epoch}",
             dump_path(args.dump_seeds, f"val_e{epoch}_r{rank}.pt"),
         )
         if rank == 0:
             print(
                 f"Epoch {epoch:05d} | "
                 f"Average Loss {average_loss:.4f} | "
-                f"Accuracy {accuracy:.4f} | "
+                f"{METRIC} {metric:.4f} | "
                 f"Time {time.time() - epoch_start:.4f}",
                 flush=True,
             )
@@ -200,13 +224,14 @@ def run(args, plan):
     in_size = g.ndata["feat"].shape[1]
     model = DDP(create_model(in_size, plan["num_classes"]))
 
-    train(model, g, splits, plan["fanout"], args, rank)
-    test_accuracy = evaluate(
-        model, g, splits["test"], plan["fanout"], args.batch_size,
-        dump_path(args.dump_seeds, f"test_r{rank}.pt"),
+    num_classes = plan["num_classes"]
+    train(model, g, splits, num_classes, plan["fanout"], args, rank)
+    metric = evaluate_nodes(
+        model, g, splits["test"], num_classes, plan["fanout"],
+        args.batch_size, "test", dump_path(args.dump_seeds, f"test_r{rank}.pt"),
     )
     if rank == 0:
-        print(f"Test Accuracy {test_accuracy:.4f}", flush=True)
+        print(f"Test {METRIC} {metric:.4f}", flush=True)
     # Nobody destroys the group before every trainer is done.
     dist.barrier()
 
