@@ -22,7 +22,8 @@ from .cli import (
 )
 from .data import (
     BUILTIN_DATASETS, check_dataset, check_train_split, dataset_identity,
-    graphbolt_options, load_dataset, node_key, place_dataset, store_in_bf16,
+    graphbolt_options, index_select_store, load_dataset, node_key, place_dataset,
+    store_in_bf16,
     synchronized_time,
 )
 from .launch import MODES, barrier, launch_ranks, load_job_in_turn, plan_run
