@@ -106,12 +106,15 @@ def bare_loop(args):
         feat = dataset.feature.read("node", None, "feat")
         dataset.feature.update("node", None, "feat", feat.to(torch.bfloat16))
         del feat
+    features = dataset.feature
+    if args.bare_loop == "tuned":
+        features = gbrun.index_select_store(features)  # as the example reads
     task = dataset.tasks[0]
     datapipe = gb.ItemSampler(
         task.train_set, batch_size=args.batch_size, shuffle=True, drop_last=True
     )
     datapipe = datapipe.sample_neighbor(dataset.graph, args.fanout)
-    datapipe = datapipe.fetch_feature(dataset.feature, node_feature_keys=["feat"])
+    datapipe = datapipe.fetch_feature(features, node_feature_keys=["feat"])
     # As upstream's example: copy_to makes the DataLoader prefetch batches
     # in a background thread.
     dataloader = gb.DataLoader(datapipe.copy_to("cpu"), num_workers=0)
@@ -141,6 +144,72 @@ def bare_loop(args):
         )
 
 
+def stage_split(args):
+    """In its own process, as one rank with --threads[0] threads: the median
+    time per training batch of each stage, measured one after the other on
+    the same batches. Sampling is the seeds' sample_neighbor; fetching is
+    the input nodes' features read by GraphBolt's store as it comes and by
+    the example's (place_dataset, CPU storage); compute is the example's
+    model's forward, backward and Adam step. Prints one JSON line."""
+    sys.path.insert(0, os.path.dirname(SCRIPTS))
+    import dgl.graphbolt as gb
+    import torch
+    import torch.nn.functional as F
+
+    import gbrun
+    from node_classification import FEATURE_KEY, LABEL_KEY, create_model
+
+    gbrun.keep_freed_memory()
+    torch.set_num_threads(args.threads[0])
+    dataset = gbrun.load_dataset(args.dataset)
+    train_set = gbrun.check_dataset(dataset, args.dataset, FEATURE_KEY,
+                                    LABEL_KEY)[0]
+    key = gbrun.node_key(FEATURE_KEY)
+    stock = dataset.feature
+    _, example = gbrun.place_dataset(dataset, "cpu", torch.device("cpu"), 0,
+                                     FEATURE_KEY)
+    datapipe = gb.ItemSampler(train_set, batch_size=args.batch_size,
+                              shuffle=True, drop_last=True)
+    batches = iter(gb.DataLoader(datapipe.sample_neighbor(dataset.graph,
+                                                          args.fanout)))
+    model = create_model(stock.size(*key)[0],
+                         dataset.tasks[0].metadata["num_classes"])
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
+    times = {"sample": [], "fetch_graphbolt": [], "fetch": [], "compute": []}
+    input_nodes = []
+
+    def timed(stage, work):
+        start = time.perf_counter()
+        result = work()
+        times[stage].append(time.perf_counter() - start)
+        return result
+
+    # One batch more than counted: the first warms up allocator and threads.
+    for _ in range(args.batches + 1):
+        data = timed("sample", lambda: next(batches))
+        ids = data.node_ids()
+        input_nodes.append(ids.numel())
+        # Freed at once: only its time is kept.
+        timed("fetch_graphbolt", lambda: stock.read(*key, ids).numel())
+        x = timed("fetch", lambda: example.read(*key, ids))
+
+        def step():
+            loss = F.cross_entropy(model(data.blocks, x), data.labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+        timed("compute", step)
+        del data, x
+    median = {stage: sorted(t[1:])[len(t[1:]) // 2] for stage, t in times.items()}
+    print(json.dumps({
+        "fanout": args.fanout,
+        "threads": args.threads[0],
+        "input_nodes": sorted(input_nodes[1:])[len(input_nodes[1:]) // 2],
+        **{f"{stage}_s": value for stage, value in median.items()},
+    }), flush=True)
+
+
 # ----------------------------------------------------------------- commands
 def bare_command(args, threads, allocator, precision):
     return [
@@ -163,6 +232,31 @@ def bare_command(args, threads, allocator, precision):
         "--precision",
         precision,
     ]
+
+
+def stages_command(args, fanout):
+    return [sys.executable, os.path.abspath(__file__), "--stage-split",
+            "--dataset", args.dataset, "--threads", "1",
+            "--batches", str(args.batches), "--batch-size",
+            str(args.batch_size), "--fanout", ",".join(map(str, fanout))]
+
+
+def measure_stages(args):
+    """The stage split of one rank with one thread, for each --stages
+    fanout, each in its own process."""
+    records = []
+    for fanout in args.stages:
+        done = subprocess.run(stages_command(args, fanout), capture_output=True,
+                              text=True, timeout=args.timeout)
+        if done.returncode != 0:
+            print(f"stage split {fanout}: failed (exit code "
+                  f"{done.returncode}):\n{done.stderr[-2000:]}",
+                  file=sys.stderr)
+            records.append({"fanout": fanout, "exit_code": done.returncode})
+            continue
+        records.append(dict(json.loads(done.stdout.strip().splitlines()[-1]),
+                            exit_code=0))
+    return records
 
 
 def script_command(args, launcher, ranks, threads, workers, precision):
@@ -384,6 +478,31 @@ def print_table(runs):
         print(row(cells), flush=True)
 
 
+STAGE_COLUMNS = [  # (title, width, format, key)
+    ("fanout", 12, "", "fanout"),
+    ("input nodes", 11, ",.0f", "input_nodes"),
+    ("sample", 7, ".3f", "sample_s"),
+    ("fetch gb", 8, ".3f", "fetch_graphbolt_s"),
+    ("fetch", 6, ".3f", "fetch_s"),
+    ("compute", 7, ".3f", "compute_s"),
+]
+
+
+def print_stages(stages):
+    print("stages of one rank, 1 thread, s per batch (median); fetch gb: "
+          "GraphBolt's CPU read as it comes, fetch: the example's")
+    print("  ".join(f"{title:>{width}}" for title, width, _, _ in STAGE_COLUMNS))
+    for record in stages:
+        cells = []
+        for _, width, spec, key in STAGE_COLUMNS:
+            value = record.get(key)
+            if key == "fanout":
+                value = ",".join(map(str, value))
+            cell = "-" if value is None else format(value, spec)
+            cells.append(f"{cell:>{width}}")
+        print("  ".join(cells), flush=True)
+
+
 def add_ratios(runs):
     """x bare: against the bare loop (default allocator) with as many threads
     per process; x 1rank: against one rank with the same threads and workers."""
@@ -446,6 +565,14 @@ def precision_list(text):
     return values
 
 
+def model_layers():
+    """The layers of the example's model: one fanout value each."""
+    sys.path.insert(0, os.path.dirname(SCRIPTS))
+    from node_classification import create_model
+
+    return len(create_model(1, 2).layers)
+
+
 def parse_args(argv=None):
     parser = ArgumentParser(
         description="Throughput, CPU and memory of node_classification.py "
@@ -505,17 +632,34 @@ def parse_args(argv=None):
         help="On a shared machine: before each run, wait (at most 10 min)"
         " until the 1-minute load average is below LOAD.",
     )
+    parser.add_argument(
+        "--stages", type=int_list, action="append", default=None,
+        metavar="FANOUT",
+        help="Also split one rank's time per batch into sampling, feature"
+        " fetching and compute (1 thread), at this fanout, e.g. 10,10,10;"
+        " repeat for several fanouts.",
+    )
+    parser.add_argument(
+        "--no-runs", action="store_true",
+        help="Only the --stages split: no bare loops or script runs.",
+    )
     parser.add_argument("--json", help="Also write every figure to this file.")
     parser.add_argument("--bare-loop", choices=["default", "tuned"],
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--stage-split", action="store_true",
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.batches < 1 or args.batch_size < 1 or args.repeat < 1:
         parser.error("--batches, --batch-size and --repeat must be at least 1")
-    if len(args.fanout) != 3:
-        parser.error(
-            f"--fanout '{','.join(map(str, args.fanout))}' needs 3 values,"
-            " one per SAGE layer"
-        )
+    num_layers = model_layers()
+    for fanout in [args.fanout] + (args.stages or []):
+        if len(fanout) != num_layers or 0 in fanout:
+            parser.error(
+                f"--fanout '{','.join(map(str, fanout))}' needs {num_layers}"
+                " positive values, one per layer of the example's model"
+            )
+    if args.no_runs and not args.stages:
+        parser.error("--no-runs needs --stages")
     if any(r < 1 for r in args.ranks) or any(t < 1 for t in args.threads):
         parser.error("--ranks and --threads must be at least 1")
     if not os.path.isfile(os.path.join(args.dataset, "metadata.yaml")):
@@ -619,6 +763,9 @@ def main(argv=None):
     if args.bare_loop:
         bare_loop(args)
         return
+    if args.stage_split:
+        stage_split(args)
+        return
     print(
         f"{args.dataset}: batch {args.batch_size}, fanout "
         f"{','.join(map(str, args.fanout))}, {args.batches} batches per rank "
@@ -626,7 +773,7 @@ def main(argv=None):
         f"{os.getloadavg()[0]:.2f}",
         flush=True,
     )
-    runs = plan_runs(args)
+    runs = [] if args.no_runs else plan_runs(args)
     repeats = [[] for _ in runs]
     # Round-robin, so that a busy spell on the machine hits every
     # configuration rather than all repetitions of one.
@@ -635,7 +782,11 @@ def main(argv=None):
             results.append(run_once(args, *run))
     records = [best_of(results) for results in repeats]
     add_ratios(records)
-    print_table(records)
+    if records:
+        print_table(records)
+    stages = measure_stages(args) if args.stages else []
+    if stages:
+        print_stages(stages)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
@@ -647,12 +798,14 @@ def main(argv=None):
                     "repeat": args.repeat,
                     "cores": os.cpu_count(),
                     "runs": records,
+                    "stages": stages,
                     "all_runs": [r for results in repeats for r in results],
                 },
                 f,
                 indent=1,
             )
-    if any(r["exit_code"] != 0 for results in repeats for r in results):
+    if any(r["exit_code"] != 0
+           for r in [r for results in repeats for r in results] + stages):
         sys.exit(1)
 
 

@@ -154,7 +154,7 @@ def test_benchmark_measures_bare_loop_and_script(small_dataset, tmp_path):
         [sys.executable, os.path.join(SCRIPTS, "benchmark.py"),
          "--dataset", small_dataset, "--ranks", "2", "--threads", "1",
          "--batches", "3", "--batch-size", "64", "--fanout", "5,5,5",
-         "--interval", "0.1", "--json", str(out)],
+         "--interval", "0.1", "--stages", "5,5,5", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -182,13 +182,23 @@ def test_benchmark_measures_bare_loop_and_script(small_dataset, tmp_path):
     # The table is printed, one row per run.
     for name in runs:
         assert name in done.stdout
+    # One rank's stages: each took time; a batch of 64 seeds with fanout
+    # 5,5,5 has more input nodes than seeds, and at most all 3,000 nodes.
+    (stages,) = json.loads(out.read_text())["stages"]
+    assert stages["fanout"] == [5, 5, 5] and stages["exit_code"] == 0
+    assert 64 < stages["input_nodes"] <= 3000
+    for stage in ("sample_s", "fetch_graphbolt_s", "fetch_s", "compute_s"):
+        assert stages[stage] > 0, stage
+    assert "fetch gb" in done.stdout
 
 
 @pytest.mark.parametrize(
     "extra,message",
     [
         ([], "has no metadata.yaml"),
-        (["--fanout", "5,5"], "--fanout '5,5' needs 3 values"),
+        (["--fanout", "5,5"], "--fanout '5,5' needs 3 positive values"),
+        (["--stages", "5,5"], "--fanout '5,5' needs 3 positive values"),
+        (["--no-runs"], "--no-runs needs --stages"),
         (["--ranks", "0"], "--ranks and --threads must be at least 1"),
     ],
 )
