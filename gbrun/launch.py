@@ -286,11 +286,12 @@ def launch_ranks(run, args, load_job, plan=None):
         if plan.launcher == "torchrun":
             run_rank(plan.rank_offset, run, plan, args, None)
             return
+        job = load_job(args, plan.world_size)
+        # Only once the input is known to be good.
         unit = "gpu" if plan.backend == "nccl" else "CPU process"
         plural = "es" if unit.endswith("s") else "s"
         print(f"Training with {plan.world_size} {unit}"
               f"{plural * (plan.world_size > 1)}.")
-        job = load_job(args, plan.world_size)
     except UsageError as error:
         # Under torchrun every rank finds the same bad input: rank 0 says so.
         fail(error, speak=is_first_process())

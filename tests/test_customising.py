@@ -61,9 +61,12 @@ def load(path, name):
 def refusal(module, capsys, *argv):
     with pytest.raises(SystemExit) as exited:
         module.main(list(map(str, argv)))
-    error = capsys.readouterr().err.strip()
+    printed = capsys.readouterr()
+    error = printed.err.strip()
     assert exited.value.code == 2, error
     assert len(error.splitlines()) == 1 and "Traceback" not in error, error
+    # Nothing claims that training starts.
+    assert "Training with" not in printed.out, printed.out
     return error
 
 
