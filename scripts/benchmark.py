@@ -7,16 +7,23 @@ time and memory go, and what it adds on top of a bare GraphBolt loop.
     python scripts/benchmark.py --dataset /tmp/perf200k
     python scripts/benchmark.py --dataset /tmp/perf200k --ranks 1,2 --threads 1,2 \\
         --num-workers 0,1 --batches 20 --json perf.json
+    # One rank's time per batch by stage, at two fanouts, without full runs:
+    python scripts/benchmark.py --dataset /tmp/perf200k --no-runs \\
+        --stages 5,5,5 --stages 10,10,10
 
 One invocation measures, on the same data:
   (a) the baseline: a bare single-process GraphBolt loop (ItemSampler,
       sample_neighbor, fetch_feature, SAGE forward, backward, Adam step; no
       DDP, no Join, no metrics) with node_classification.py's SAGE, as
       GraphBolt comes ("bare") and with the example's CPU settings
-      (keep_freed_memory() and poll_less()) applied ("bare+tuned");
+      (keep_freed_memory(), poll_less() and its feature reads) applied
+      ("bare+tuned");
   (b) node_classification.py itself, for every combination of --ranks,
       --threads (per rank) and --num-workers (per rank), as a user runs it:
-      `--mode cpu-cpu --gpu 0,1,.. --epochs 2 --max-batches N`.
+      `--mode cpu-cpu --gpu 0,1,.. --epochs 2 --max-batches N`;
+  (c) with --stages, one rank's time per batch by stage (sampling, feature fetching through
+      GraphBolt's CPU read and through the example's, the model's step), one
+      thread, for each --stages fanout.
 Every run is its own process tree, launched and watched from here:
 
 main
@@ -26,7 +33,9 @@ main
 │   ├── sample_tree                    CPU times (and PSS/USS) of every process
 │   └── summarize                      per-batch times, CPU in the training window
 ├── print_table
-└── (child) bare_loop                  the baseline, run as `benchmark.py --bare-loop`
+├── measure_stages / print_stages      --stages: one rank's split, per fanout
+├── (child) bare_loop                  the baseline, run as `benchmark.py --bare-loop`
+└── (child) stage_split                run as `benchmark.py --stage-split`
 
 Two epochs of N batches each: epoch 0 warms up (first DDP step, fresh heap,
 thread pools) and gives the start-up time; epoch 1 is the measurement.
@@ -34,6 +43,12 @@ Validation and test are cut to N batches as well. What each column means:
   seeds/s       training seeds per second, all ranks together (epoch 1); with
                 --repeat, the fastest repetition (its row), and
   worst         the slowest one
+  x bare        seeds/s against the bare loop as GraphBolt comes, with as
+                many threads per process
+  x cores       against the bare loop on the same cores (ranks x threads
+                threads in one process)
+  x 1rank       against one rank with the same threads and workers
+  x fp32        against the same run in fp32
   s/batch       wall time per training batch on rank 0, split into
   wait          time blocked on the data loader (sampling and feature fetching
                 that its prefetch thread did not hide) and
@@ -445,6 +460,7 @@ COLUMNS = [  # (title, width, format, key)
     ("seeds/s", 8, ".0f", "seeds_per_s"),
     ("worst", 6, ".0f", "worst_seeds_per_s"),
     ("x bare", 6, ".2f", "vs_bare"),
+    ("x cores", 7, ".2f", "vs_bare_cores"),
     ("x 1rank", 7, ".2f", "vs_one_rank"),
     ("x fp32", 6, ".2f", "vs_fp32"),
     ("s/batch", 7, ".3f", "s_per_batch"),
@@ -505,7 +521,9 @@ def print_stages(stages):
 
 def add_ratios(runs):
     """x bare: against the bare loop (default allocator) with as many threads
-    per process; x 1rank: against one rank with the same threads and workers."""
+    per process; x cores: against it on as many threads in all; x 1rank:
+    against one rank with the same threads and workers; x fp32: against the
+    same run in fp32."""
     bare = {
         (r["threads"], r["precision"]): r
         for r in runs
@@ -524,6 +542,12 @@ def add_ratios(runs):
         base = bare.get((run["threads"], run["precision"]))
         if base and "seeds_per_s" in base and base is not run:
             run["vs_bare"] = run["seeds_per_s"] / base["seeds_per_s"]
+        # The same cores: ranks x threads against one bare process with as
+        # many threads in all.
+        cores = bare.get(((run.get("ranks") or 1) * run["threads"],
+                          run["precision"]))
+        if cores and "seeds_per_s" in cores and cores is not run:
+            run["vs_bare_cores"] = run["seeds_per_s"] / cores["seeds_per_s"]
         if run.get("ranks"):
             key = (run["threads"], run["workers"], run["precision"])
             single = one_rank.get(key)
