@@ -317,6 +317,11 @@ def test_benchmark_ratios_compare_like_with_like():
     assert two["vs_one_rank"] == pytest.approx(1.5)
     assert by_name["script 2r x 1t w1"]["vs_one_rank"] == pytest.approx(4.0)
     assert "vs_one_rank" not in by_name["script 2r x 2t"]  # no 1r x 2t run
+    # On the same cores: 2 ranks x 1 thread against one bare process with 2
+    # threads; 1 rank x 1 thread against bare 1t; no bare 4t for 2r x 2t.
+    assert two["vs_bare_cores"] == pytest.approx(0.8)
+    assert by_name["script 1r x 1t"]["vs_bare_cores"] == pytest.approx(0.8)
+    assert "vs_bare_cores" not in by_name["script 2r x 2t"]
     # bf16 against the same run in fp32; no bare bf16 run to compare with.
     assert by_name["script 2r x 1t bf16"]["vs_fp32"] == pytest.approx(0.5)
     assert "vs_bare" not in by_name["script 2r x 1t bf16"]
