@@ -576,3 +576,15 @@ def alive(pid, wait=5):
             return False
         time.sleep(0.05)
     return True
+
+
+def test_commands_are_in_blocks_that_run():
+    # A command in a ```sh or ```console block would escape these tests.
+    for doc in DOCS:
+        for block in parse(doc):
+            assert block.lang in ("bash", "python", "", "text", "diff", "yaml",
+                                  "json"), (
+                f"{block.id}: ```{block.lang} blocks are not run by "
+                "tests/test_docs.py; use ```bash, ```python, or ```text for "
+                "text that is not a command"
+            )
