@@ -287,6 +287,7 @@ def launch_ranks(run, args, load_job, plan=None):
             run_rank(plan.rank_offset, run, plan, args, None)
             return
         job = load_job(args, plan.world_size)
+        check_shared_memory(job.dataset)
         # Only once the input is known to be good.
         unit = "gpu" if plan.backend == "nccl" else "CPU process"
         plural = "es" if unit.endswith("s") else "s"
@@ -360,6 +361,8 @@ def load_job_in_turn(rank, plan, load_job, args):
     if rank == 0:
         try:
             job = load_job(args, plan.world_size)
+            if plan.local_world_size > 1:
+                check_shared_memory(job.dataset)
         except UsageError as error:
             refusal = [str(error)]
     # Every rank learns whether rank 0 refused the input, and waits for it.
@@ -388,6 +391,32 @@ def load_job_in_turn(rank, plan, load_job, args):
         mine, payloads, src=rank - plan.local_rank, group=node_group
     )
     return job if plan.local_rank == 0 else pickle.loads(mine[0])
+
+
+def check_shared_memory(dataset, path="/dev/shm"):
+    """Refuses a dataset that does not fit in `path`, where the ranks' one
+    copy of it goes: writing past its end kills the process with SIGBUS (a
+    bare 'Bus error'), as in Docker, whose /dev/shm is 64 MB by default."""
+    graph = dataset.graph
+    tensors = [graph.csc_indptr, graph.indices, graph.node_type_offset,
+               graph.type_per_edge]
+    tensors += list((graph.edge_attributes or {}).values())
+    tensors += [dataset.feature.read(*key) for key in dataset.feature.keys()]
+    needed = sum(
+        t.untyped_storage().nbytes() for t in tensors
+        if t is not None and not t.untyped_storage().is_shared()
+    )
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return  # no such file system: torch will say what it lacks
+    free = stat.f_bavail * stat.f_frsize
+    if needed > free:
+        raise UsageError(
+            f"the graph and features need {needed / 2**20:,.1f} MB of shared "
+            f"memory, but {path} has {free / 2**20:,.1f} MB free (in Docker: "
+            "docker run --shm-size=... or --ipc=host)"
+        )
 
 
 def barrier(device):
