@@ -1,6 +1,12 @@
 """Shared helpers: the repository's paths, a cache of synthetic datasets made
 by scripts/make_synthetic_dataset.py, and a runner for node_classification.py.
-Everything runs on CPU ranks with the gloo backend."""
+Everything runs on CPU ranks with the gloo backend.
+
+Every test has a deadline (TEST_DEADLINE_S) that kills every process the test
+started, ranks and grandchildren included, and fails it; after every test no
+process it started may be left (see no_process_outlives_its_test)."""
+import ctypes
+import multiprocessing.resource_tracker
 import os
 import re
 import select
@@ -9,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,6 +28,120 @@ FAKE_CUDA = os.path.join(REPO, "tests", "fake_cuda")
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
 sys.path.insert(0, REPO)
 sys.path.insert(0, SCRIPTS)
+
+# A backstop far above the slowest test (about 35 s here): it ends hangs.
+TEST_DEADLINE_S = 300
+# How long processes of a finished test may take to exit on their own (a
+# launcher's resource tracker, say, once the launcher is gone).
+EXIT_GRACE_S = 10
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper():
+    """Orphaned descendants (a rank whose launcher was killed, say) are
+    reparented to this process instead of init, so they stay visible among
+    its descendants. Zombies are never reaped here: waiting for an arbitrary
+    child could take the exit status a subprocess.Popen is waiting for."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+_become_subreaper()
+
+
+def descendants():
+    """The live processes this pytest process started, directly or not,
+    except its own multiprocessing resource tracker (it lives as long as
+    this process, by design)."""
+    tracker = multiprocessing.resource_tracker._resource_tracker._pid
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if process.pid != tracker and (
+                    process.status() != psutil.STATUS_ZOMBIE):
+                found.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def kill_descendants():
+    """SIGKILLs every descendant (until none is left: one may fork while
+    the others die); returns what each was, for the failure message."""
+    killed = []
+    for _ in range(10):
+        processes = descendants()
+        if not processes:
+            break
+        for process in processes:
+            try:
+                killed.append(" ".join(process.cmdline())[:120])
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(processes, timeout=5)
+    return killed
+
+
+def _deadline_passed(signum, frame):
+    killed = kill_descendants()
+    pytest.fail(
+        f"the test did not end within its {TEST_DEADLINE_S} s deadline; "
+        f"killed {len(killed)} processes: {killed}", pytrace=True)
+
+
+def _within_deadline(item, at_least=0):
+    """Arms SIGALRM for what is left of `item`'s deadline (but `at_least`
+    seconds), for one phase (setup, call, teardown); the handler runs in the
+    main thread, where pytest runs the test, and interrupts any blocking
+    wait there."""
+    left = item.stash.setdefault(_DEADLINE, time.monotonic() + TEST_DEADLINE_S)
+    left = max(left - time.monotonic(), at_least)
+    previous = signal.signal(signal.SIGALRM, _deadline_passed)
+    signal.setitimer(signal.ITIMER_REAL, max(left, 0.001))
+    try:
+        return (yield)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+_DEADLINE = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from _within_deadline(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from _within_deadline(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    # Time to clean up, even after the deadline ended the test.
+    return (yield from _within_deadline(item, at_least=3 * EXIT_GRACE_S))
+
+
+@pytest.fixture(autouse=True)
+def no_process_outlives_its_test():
+    """Fails a test (and kills them) if processes it started outlive it.
+    subprocess.run(timeout=) kills only the direct child, spawned ranks
+    ignore SIGINT, and a killed launcher leaves its ranks running. The
+    first test after a session fixture also answers for that fixture."""
+    yield
+    survivors = descendants()
+    deadline = time.monotonic() + EXIT_GRACE_S
+    while survivors and time.monotonic() < deadline:
+        time.sleep(0.05)
+        survivors = descendants()
+    if survivors:
+        killed = kill_descendants()
+        pytest.fail(f"{len(killed)} processes outlived the test (killed): "
+                    f"{killed}")
 
 EPOCH_LINE = re.compile(
     r"^Epoch (\d{5}) \| Average Loss (\d+\.\d{4}) \| "
@@ -191,18 +312,43 @@ def _gloo_worker(rank, world_size, port, fn, args, out_dir):
         destroy_process_group()
 
 
-def run_gloo_group(fn, world_size, tmp_path, *args):
+def run_gloo_group(fn, world_size, tmp_path, *args, timeout=120):
     """Runs fn(rank, *args) in a real gloo process group of `world_size`
-    CPU processes; returns the list of their return values by rank."""
+    CPU processes; returns the list of their return values by rank. Fails
+    if they have not all finished within `timeout` seconds; none outlives
+    this call."""
     import torch
     import torch.multiprocessing as mp
 
     from gbrun.launch import free_port
 
-    mp.spawn(
+    context = mp.spawn(
         _gloo_worker,
         args=(world_size, free_port(), fn, args, str(tmp_path)),
         nprocs=world_size,
-        join=True,
+        join=False,
     )
+    deadline = time.monotonic() + timeout
+    try:
+        # join() raises if a process failed (after stopping the others).
+        while not context.join(timeout=max(deadline - time.monotonic(), 0)):
+            if time.monotonic() >= deadline:
+                pytest.fail(f"{fn.__name__} on {world_size} ranks did not "
+                            f"finish within {timeout} s")
+    finally:
+        for process in context.processes:
+            process.kill()
+            process.join()
     return [torch.load(tmp_path / f"{rank}.pt") for rank in range(world_size)]
+
+
+@pytest.fixture
+def nothing_spawned(monkeypatch):
+    """For tests of refused input: spawning a rank fails the test (refusals
+    come before any process is started)."""
+    import gbrun.launch
+
+    def spawn(*args, **kwargs):
+        pytest.fail("ranks were spawned for input that is refused")
+
+    monkeypatch.setattr(gbrun.launch.mp, "spawn", spawn)
