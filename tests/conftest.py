@@ -279,6 +279,18 @@ def run_example(args, timeout=120, env=None, script=SCRIPT):
         kill_session(process)
 
 
+def run_examples(*runs, timeout=120):
+    """Runs node_classification.py with each (args, env) of `runs` side by
+    side (most of a short run is start-up, on one core); returns their
+    CompletedProcesses in that order."""
+    jobs = [start([sys.executable, SCRIPT, *args], env=env) for args, env in runs]
+    try:
+        return [finish(job, timeout) for job in jobs]
+    finally:
+        for job in jobs:
+            kill_session(job)
+
+
 def epoch_lines(stdout):
     return EPOCH_LINE.findall(stdout)
 

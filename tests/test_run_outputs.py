@@ -4,6 +4,7 @@ import json
 import math
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import torch
 
 import gbrun
 import gbrun.checkpoint
+import gbrun.stop
 
 from conftest import (
     NO_GPU,
@@ -28,6 +30,7 @@ from conftest import (
     read_until,
     reported_test_accuracy,
     run_example,
+    run_examples,
     run_gloo_group,
     start,
 )
@@ -44,21 +47,16 @@ def test_the_same_seed_repeats_a_run_and_another_seed_does_not(
     # reference's seed prints its first epoch digit for digit, one of
     # another seed does not (unseeded runs would differ both times).
     reference, _ = reference_run
-    jobs = {}
-    for seed in (1, 2):  # side by side: most of a run's time is start-up
+    runs = []
+    for seed in (1, 2):
         args = [*REFERENCE, "--dataset", small_dataset]
         args[args.index("--seed") + 1] = seed
         args[args.index("--epochs") + 1] = 1
-        jobs[seed] = start([sys.executable, SCRIPT, *args], env=NO_GPU)
+        runs.append((args, NO_GPU))
     first_epoch = {}
-    try:
-        for seed, job in jobs.items():
-            run = finish(job, 120)
-            assert run.returncode == 0, run.stderr[-2000:]
-            first_epoch[seed] = metrics_without_time(run.stdout)
-    finally:
-        for job in jobs.values():
-            kill_session(job)
+    for seed, run in zip((1, 2), run_examples(*runs)):
+        assert run.returncode == 0, run.stderr[-2000:]
+        first_epoch[seed] = metrics_without_time(run.stdout)
     assert first_epoch[1] == metrics_without_time(reference.stdout)[:1]
     assert first_epoch[2] != first_epoch[1]
 
@@ -72,10 +70,9 @@ def test_killed_run_resumes_from_its_last_checkpoint(small_dataset, tmp_path):
     common = ["--gpu=0", "--threads", "1", "--batch-size", "64", "--fanout",
               "5,5,5", "--epochs", "2", "--seed", "5", "--dataset",
               small_dataset]
-    uninterrupted = run_example(common, env=NO_GPU)
-    assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
-
-    # Kill the rank while epoch 1 (the second and last) trains.
+    # The uninterrupted run side by side with the one whose rank is killed
+    # while epoch 1 (the second and last) trains.
+    other = start([sys.executable, SCRIPT, *common], env=NO_GPU)
     job = start([sys.executable, SCRIPT, *common, "--checkpoint-dir", ckpt,
                  "--log-dir", logs], env=NO_GPU)
     try:
@@ -85,10 +82,14 @@ def test_killed_run_resumes_from_its_last_checkpoint(small_dataset, tmp_path):
         assert len(ranks) == 1
         ranks[0].send_signal(signal.SIGKILL)
         killed_at = time.time()
-        assert job.wait(timeout=60) != 0
+        # The launcher's "error: training failed: ...", exit status 1.
+        assert job.wait(timeout=60) == 1
         assert time.time() - killed_at < 30
+        uninterrupted = finish(other, 120)
     finally:
         kill_session(job)
+        kill_session(other)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
 
     # The checkpoint of epoch 0 is there and loads; the model has no DDP
     # prefixes.
@@ -143,59 +144,142 @@ def test_killed_run_resumes_from_its_last_checkpoint(small_dataset, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("launch", ["2 ranks", "1 rank x 2 threads"])
-def test_sigterm_stops_at_a_step_and_the_resumed_run_is_exact(
-    small_dataset, tmp_path, reference_run, launch
-):
-    import node_classification as nc
+# TEST_SIGTERM_AT_CHECK=N stops a run at an exact step, with no timing
+# involved: the Nth stop check of a process acts as if SIGTERM had arrived
+# just before it. There is one check per training step and one after each
+# epoch's validation; a step reads the previous check's flag, so a stop
+# comes one step after its check. A resumed run counts from 1 again.
+AT_CHECK = gbrun.stop.TEST_HOOK
+EPOCH_TIMES = re.compile(
+    r"^Epoch (\d{5}) \|.* \| Train Time (\d+\.\d{4}) \| Seeds/s (\d+\.\d) \|",
+    re.MULTILINE)
 
+
+def stop_message(signum, ckpt, epoch, step):
+    where = f"epoch {epoch}" + (f" after step {step}" if step else "")
+    return (f"Stopped by {signal.Signals(signum).name} in {where}: checkpoint "
+            f"saved in {ckpt}; run the same command with --resume to "
+            "continue.")
+
+
+def check_stopped(run, ckpt):
+    """The checkpoint of a run that SIGTERM stopped."""
+    assert run.returncode == 128 + signal.SIGTERM, run.stderr[-2000:]
+    assert "failed" not in run.stderr
+    return torch.load(ckpt / gbrun.CHECKPOINT_FILE, weights_only=True)
+
+
+def stopped_at_check(check, args, ckpt):
+    """Runs the example stopped at `check`; returns its output and its
+    checkpoint."""
+    run = run_example(args, env={**NO_GPU, AT_CHECK: str(check)})
+    return run, check_stopped(run, ckpt)
+
+
+def test_stopped_in_validation_and_inside_an_epoch_the_run_resumes_exactly(
+        small_dataset, tmp_path, reference_run):
+    # The reference's two ranks: 14 steps per epoch and rank, so check 15
+    # comes after epoch 0's validation.
+    uninterrupted, _ = reference_run
     ckpt = tmp_path / "ckpt"
-    if launch == "2 ranks":
-        # 14 steps per epoch and rank; the resumed epoch needs both ranks'
-        # partial sums.
-        common = [*REFERENCE, "--dataset", small_dataset]
-        uninterrupted, _ = reference_run
-    else:
-        # 28 steps per epoch; exact because a seeded run samples serially
-        # (test_a_seeded_epoch_samples_the_same_batches_with_two_threads).
-        common = ["--gpu=0", "--threads", "2", "--batch-size", "64",
-                  "--fanout", "5,5,5", "--epochs", "2", "--seed", "11",
-                  "--dataset", small_dataset]
-        uninterrupted = run_example(common, env=NO_GPU)
-        assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
-    ranks = 2 if launch == "2 ranks" else 1
+    common = [*REFERENCE, "--dataset", small_dataset, "--checkpoint-dir", ckpt]
 
-    job = start([sys.executable, SCRIPT, *common, "--checkpoint-dir", ckpt],
-                env=NO_GPU)
-    try:
-        # Rank 0's progress bar: at least two steps of epoch 1 done.
-        read_until(job, r"train 1: +\d+%\|[^|]*\| ([2-9]|\d\d)/", 120,
-                   stream="stderr")
-        job.send_signal(signal.SIGTERM)
-        signalled_at = time.time()
-        stopped = finish(job, 60)
-    finally:
-        kill_session(job)
-    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
-    assert time.time() - signalled_at < 15
-    checkpoint = torch.load(ckpt / gbrun.CHECKPOINT_FILE, weights_only=True)
-    assert checkpoint["epoch"] == 1 and checkpoint["step"] >= 2
-    assert len(checkpoint["partial"]) == ranks
-    message = (f"Stopped by SIGTERM in epoch 1 after step {checkpoint['step']}"
-               f": checkpoint saved in {ckpt}; run the same command with "
-               "--resume to continue.")
-    assert message in stopped.stdout.splitlines()
-    assert "failed" not in stopped.stderr
+    # A signal during validation stops at the epoch's checkpoint.
+    first, checkpoint = stopped_at_check(15, common, ckpt)
+    assert (checkpoint["epoch"], checkpoint["step"]) == (1, 0)
+    assert stop_message(signal.SIGTERM, ckpt, 1, 0) in first.stdout.splitlines()
+    # Resumed and stopped again late in epoch 1 (check 11, read at step 12):
+    # the checkpoint keeps both ranks' sums so far.
+    second, checkpoint = stopped_at_check(11, [*common, "--resume"], ckpt)
+    assert f"Resuming from {ckpt} at epoch 1." in second.stdout
+    assert (checkpoint["epoch"], checkpoint["step"]) == (1, 12)
+    assert len(checkpoint["partial"]) == 2
+    assert stop_message(signal.SIGTERM, ckpt, 1, 12) in (
+        second.stdout.splitlines())
+
+    last = run_example([*common, "--resume"], env=NO_GPU)
+    assert last.returncode == 0, last.stderr[-2000:]
+    assert f"Resuming from {ckpt} at epoch 1, step 12." in last.stdout
+    assert metrics_without_time(first.stdout + second.stdout + last.stdout) == (
+        metrics_without_time(uninterrupted.stdout))
+    assert reported_test_accuracy(last.stdout) == (
+        reported_test_accuracy(uninterrupted.stdout))
+    # Seeds/s is what a run trained in its train time: in the resumed epoch
+    # 2 steps x 64 seeds x 2 ranks, not the epoch's 14 steps (7 times more),
+    # and 14 steps in the next epoch.
+    times = {int(epoch): float(seconds) * float(rate)
+             for epoch, seconds, rate in EPOCH_TIMES.findall(last.stdout)}
+    assert times == pytest.approx({1: 2 * 64 * 2, 2: 14 * 64 * 2}, rel=0.05)
+
+
+def test_sigterm_stops_one_rank_with_two_threads_at_a_step_exactly(
+        small_dataset, tmp_path):
+    # 28 steps per epoch; exact because a seeded run samples serially
+    # (test_a_seeded_epoch_samples_the_same_batches_with_two_threads).
+    ckpt = tmp_path / "ckpt"
+    common = ["--gpu=0", "--threads", "2", "--batch-size", "64",
+              "--fanout", "5,5,5", "--epochs", "1", "--seed", "11",
+              "--dataset", small_dataset]
+    uninterrupted, stopped = run_examples(
+        (common, NO_GPU),
+        ([*common, "--checkpoint-dir", ckpt], {**NO_GPU, AT_CHECK: "19"}))
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
+    checkpoint = check_stopped(stopped, ckpt)
+    assert (checkpoint["epoch"], checkpoint["step"]) == (0, 20)
+    assert len(checkpoint["partial"]) == 1
+    assert stop_message(signal.SIGTERM, ckpt, 0, 20) in (
+        stopped.stdout.splitlines())
 
     resumed = run_example([*common, "--checkpoint-dir", ckpt, "--resume"],
                           env=NO_GPU)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert (f"Resuming from {ckpt} at epoch 1, step {checkpoint['step']}."
-            in resumed.stdout)
-    assert metrics_without_time(stopped.stdout + resumed.stdout) == (
+    assert f"Resuming from {ckpt} at epoch 0, step 20." in resumed.stdout
+    assert metrics_without_time(resumed.stdout) == (
         metrics_without_time(uninterrupted.stdout))
     assert reported_test_accuracy(resumed.stdout) == (
         reported_test_accuracy(uninterrupted.stdout))
+
+
+def test_sigterm_to_the_launcher_and_ctrl_c_stop_every_rank_at_a_checkpoint(
+        small_dataset, tmp_path):
+    # Real signals, once rank 0 trains, to two runs side by side: SIGTERM to
+    # the launcher, which relays it, and SIGINT to the whole process group,
+    # as Ctrl-C in a terminal (the ranks leave it to the launcher). The step
+    # a stop lands on depends on timing; what is checked does not.
+    jobs = {signum: start([sys.executable, SCRIPT, *REFERENCE, "--dataset",
+                           small_dataset, "--checkpoint-dir",
+                           tmp_path / signum.name], env=NO_GPU)
+            for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        waiting = {job.stderr.fileno(): signum for signum, job in jobs.items()}
+        seen = dict.fromkeys(waiting, b"")
+        deadline = time.monotonic() + 120
+        while waiting:  # each signal as soon as that run's first bar shows
+            ready = select.select(list(waiting), [], [],
+                                  max(deadline - time.monotonic(), 0))[0]
+            assert ready, f"no progress bar within 120 s: {seen}"
+            for fd in ready:
+                seen[fd] += os.read(fd, 65536)
+                if b"train 0: " in seen[fd]:
+                    signum = waiting.pop(fd)
+                    if signum == signal.SIGTERM:
+                        jobs[signum].send_signal(signum)
+                    else:
+                        os.killpg(jobs[signum].pid, signum)
+        stopped = {signum: finish(job, 30) for signum, job in jobs.items()}
+    finally:
+        for job in jobs.values():
+            kill_session(job)
+    for signum, run in stopped.items():
+        assert run.returncode == 128 + signum, run.stderr[-2000:]
+        assert "failed" not in run.stderr and "Traceback" not in run.stderr
+        ckpt = tmp_path / signum.name
+        checkpoint = torch.load(ckpt / gbrun.CHECKPOINT_FILE,
+                                weights_only=True)
+        epoch, step = checkpoint["epoch"], checkpoint["step"]
+        assert stop_message(signum, ckpt, epoch, step) in (
+            run.stdout.splitlines()), run.stdout
+        assert len(checkpoint["partial"] or [0, 0]) == 2
 
 
 _RELAY = """
