@@ -73,7 +73,7 @@ def test_every_diff_applies_to_the_example(tmp_path):
 
 
 def test_a_2_layer_gat_trains_and_refuses_3_fanouts_and_sage_checkpoints(
-        tmp_path, small_dataset, reference_run, capsys):
+        tmp_path, small_dataset, reference_run, capsys, nothing_spawned):
     gat = edited_copy(tmp_path, "gat")
     trained = run_example([*FAST, "--epochs", 1, "--seed", 1, "--dataset",
                            small_dataset], env=NO_GPU, script=gat)
@@ -187,7 +187,8 @@ def test_macro_f1_is_exact_over_ranks_one_without_items(
     assert plot.returncode == 0, plot.stderr
 
 
-def test_a_dataset_with_other_keys(tmp_path, small_dataset, capsys):
+def test_a_dataset_with_other_keys(tmp_path, small_dataset, capsys,
+                                   nothing_spawned):
     # The input feature is "x", the labels are the node feature "y", and the
     # item sets hold seed nodes only.
     dataset = str(tmp_path / "xy")

@@ -370,7 +370,7 @@ class _RunsCode:
 
 
 def test_a_checkpoint_that_would_run_code_is_refused(
-    small_dataset, tmp_path, capsys
+    small_dataset, tmp_path, capsys, nothing_spawned
 ):
     path = make_checkpoint(tmp_path / "hostile", small_dataset)
     checkpoint = torch.load(path, weights_only=True)
@@ -419,7 +419,8 @@ def resume_error(capsys, dataset, directory, *extra):
     return error
 
 
-def test_resume_refuses_what_it_cannot_continue(small_dataset, tmp_path, capsys):
+def test_resume_refuses_what_it_cannot_continue(small_dataset, tmp_path, capsys,
+                                                nothing_spawned):
     import node_classification as nc
 
     assert "there is no checkpoint" in resume_error(
@@ -522,7 +523,7 @@ def _tiny_batch():
     return [block] * 3, torch.ones(2, 4)
 
 
-def test_resume_needs_a_checkpoint_dir(capsys):
+def test_resume_needs_a_checkpoint_dir(capsys, nothing_spawned):
     import node_classification as nc
 
     with pytest.raises(SystemExit) as exit_info:
