@@ -19,6 +19,7 @@ import gbrun.launch as launch
 import node_classification as nc
 from conftest import (
     FAKE_CUDA,
+    LEARNS_IN_2_EPOCHS,
     REPO,
     reported_test_accuracy,
     run_example,
@@ -63,8 +64,9 @@ def test_auto_trains_on_cpu_ranks_and_says_how_to_get_gpus(small_dataset):
               if "this DGL is a CPU-only build" in line]
     assert len(notice) == 1 and launch.INSTALL_CUDA_DGL in notice[0]
     assert "Training with 2 CPU processes." in result.stdout
-    # As on a machine without GPUs (test_end_to_end): chance is 0.1.
-    assert reported_test_accuracy(result.stdout) > 0.5, result.stdout
+    # The same seeded run as on a machine without GPUs (0.8300 for seed 0).
+    assert reported_test_accuracy(result.stdout) > LEARNS_IN_2_EPOCHS, (
+        result.stdout)
 
 
 @cpu_only_dgl
