@@ -72,6 +72,7 @@ def test_every_diff_applies_to_the_example(tmp_path):
         edited_copy(tmp_path, edit)
 
 
+@pytest.mark.slow
 def test_a_2_layer_gat_trains_and_refuses_3_fanouts_and_sage_checkpoints(
         tmp_path, small_dataset, reference_run, capsys, nothing_spawned):
     gat = edited_copy(tmp_path, "gat")
@@ -95,6 +96,7 @@ def test_a_2_layer_gat_trains_and_refuses_3_fanouts_and_sage_checkpoints(
         error), error
 
 
+@pytest.mark.slow
 def test_a_cosine_schedule_resumed_after_sigterm_is_exact(
         tmp_path, small_dataset):
     cosine = edited_copy(tmp_path, "cosine")
@@ -126,6 +128,7 @@ def test_a_cosine_schedule_resumed_after_sigterm_is_exact(
         reported_test_accuracy(uninterrupted.stdout))
 
 
+@pytest.mark.slow
 def test_macro_f1_is_exact_over_ranks_one_without_items(
         tmp_path, synthetic, capsys):
     # 60 validation nodes and batch 64: rank 0 scores them all, rank 1 none.
@@ -187,6 +190,7 @@ def test_macro_f1_is_exact_over_ranks_one_without_items(
     assert plot.returncode == 0, plot.stderr
 
 
+@pytest.mark.slow
 def test_a_dataset_with_other_keys(tmp_path, small_dataset, capsys,
                                    nothing_spawned):
     # The input feature is "x", the labels are the node feature "y", and the

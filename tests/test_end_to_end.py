@@ -45,6 +45,7 @@ def check_upstream_output(result, epochs):
     return reported_test_accuracy(result.stdout)
 
 
+@pytest.mark.slow
 def test_two_cpu_ranks_learn_and_print_upstream_lines(reference_run):
     # `auto` on a machine without CUDA (GPUs, if any, hidden).
     result, _ = reference_run
@@ -54,6 +55,7 @@ def test_two_cpu_ranks_learn_and_print_upstream_lines(reference_run):
     assert accuracy > LEARNS_IN_3_EPOCHS, result.stdout
 
 
+@pytest.mark.slow
 def test_validation_and_test_sets_smaller_than_one_batch_per_rank(
         synthetic, tmp_path):
     # 60 validation and 60 test nodes with batch 64 and two ranks: rank 1
@@ -106,6 +108,7 @@ def test_validation_and_test_sets_smaller_than_one_batch_per_rank(
     assert reported == pytest.approx(exact, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_torchrun_single_node(small_dataset):
     job = start([sys.executable, "-m", "torch.distributed.run", "--standalone",
                  "--nproc-per-node=2", SCRIPT, "--dataset", small_dataset,
@@ -146,6 +149,7 @@ def _load_in_turn(rank, dataset):
     return [t.untyped_storage()._share_filename_cpu_()[1] for t in tensors]
 
 
+@pytest.mark.slow
 def test_torchrun_ranks_of_a_node_share_one_copy_of_the_data(
         small_dataset, tmp_path):
     # torchrun's first rank of a node hands the others the dataset through
@@ -203,6 +207,7 @@ def worker_run(small_dataset, tmp_path_factory):
                         *CPU], env={"PYTHONPATH": path}, script=script)
 
 
+@pytest.mark.slow
 def test_spawned_ranks_map_the_parents_copy_of_the_data(worker_run):
     # The parent loads the dataset once; mp.spawn hands the ranks its
     # tensors through /dev/shm, not copies.
@@ -214,10 +219,12 @@ def test_spawned_ranks_map_the_parents_copy_of_the_data(worker_run):
     assert files["rank 0"] == files["rank 1"] == files["parent"], files
 
 
+@pytest.mark.slow
 def test_one_worker_process_per_rank_trains(worker_run):
     check_upstream_output(worker_run, epochs=1)
 
 
+@pytest.mark.slow
 def test_torchrun_two_nodes_on_loopback(small_dataset):
     port = free_port()
     nodes = [
@@ -260,6 +267,7 @@ def test_under_torchrun_only_rank_0_reports_a_bad_argument(
                      if rank == "0" else []), lines
 
 
+@pytest.mark.slow
 def test_torchrun_reports_a_bad_dataset_once(tmp_path):
     # Rank 0 tries to load it; the others wait for its verdict.
     job = start([sys.executable, "-m", "torch.distributed.run",
@@ -282,6 +290,7 @@ def test_torchrun_reports_a_bad_dataset_once(tmp_path):
         result.stderr), result.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_an_exception_in_one_rank_fails_the_job(small_dataset, tmp_path):
     # Corrupt the labels of rank 1's share of the train set only (the
     # sampler gives rank 1 the items after the first 904 with batch 64),
@@ -308,6 +317,7 @@ def test_an_exception_in_one_rank_fails_the_job(small_dataset, tmp_path):
     assert "error: training failed" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_killed_rank_fails_the_job_promptly(small_dataset):
     job = start([sys.executable, SCRIPT, "--gpu=0,1", "--dataset",
                  small_dataset, "--epochs", "200", *FAST, *CPU])
@@ -326,6 +336,7 @@ def test_a_killed_rank_fails_the_job_promptly(small_dataset):
         kill_session(job)
 
 
+@pytest.mark.slow
 def test_mode_needing_cuda_fails_before_spawning_without_cuda(small_dataset):
     start = time.time()
     result = run_example(

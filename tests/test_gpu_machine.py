@@ -38,6 +38,7 @@ def fake_gpu_machine():
     return {"PYTHONPATH": path}
 
 
+@pytest.mark.slow
 @cpu_only_dgl
 def test_the_fake_is_a_cuda_torch_with_a_cpu_only_dgl():
     probe = subprocess.run(
@@ -52,6 +53,7 @@ def test_the_fake_is_a_cuda_torch_with_a_cpu_only_dgl():
     assert probe.stdout.split()[-3:] == ["True", "2", "False"]
 
 
+@pytest.mark.slow
 @cpu_only_dgl
 def test_auto_trains_on_cpu_ranks_and_says_how_to_get_gpus(small_dataset):
     result = run_example(
@@ -69,6 +71,7 @@ def test_auto_trains_on_cpu_ranks_and_says_how_to_get_gpus(small_dataset):
         result.stdout)
 
 
+@pytest.mark.slow
 @cpu_only_dgl
 @pytest.mark.parametrize("mode", ["pinned-cuda", "cpu-cuda", "cuda-cuda"])
 def test_cuda_modes_are_refused_before_spawning(small_dataset, mode):
@@ -99,6 +102,7 @@ def _build_cpu_loader_where_torch_claims_cuda(rank, dataset_dir):
     return type(loader).__name__
 
 
+@pytest.mark.slow
 @cpu_only_dgl
 def test_cpu_loader_builds_where_torch_has_cuda_and_dgl_does_not(
     small_dataset, tmp_path

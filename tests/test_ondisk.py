@@ -162,6 +162,7 @@ def test_round_trip(tmp_path, flags):
         np.testing.assert_array_equal(labels, arrays["labels"][arrays[name]])
 
 
+@pytest.mark.slow
 def test_the_scripts_run_from_the_command_line(tmp_path):
     paths, _ = make_inputs(tmp_path)
     out = tmp_path / "out"
@@ -553,6 +554,7 @@ def test_synthetic_bad_arguments(tmp_path, args, message):
 # --------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_converted_dataset_trains_end_to_end(tmp_path):
     """Own arrays -> convert_to_ondisk.py -> node_classification.py learns."""
     edges, features, labels = make_synthetic_dataset.make_dataset(

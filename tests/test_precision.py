@@ -1,6 +1,7 @@
 """--precision bf16: bf16 feature storage (converted once, where the data is
 loaded), autocast where the device computes bf16, fp32 parameters, loss,
 metrics and model.pt; checkpoints record the precision."""
+import pytest
 import torch
 
 import gbrun
@@ -30,6 +31,7 @@ def test_the_ranks_get_the_features_in_bf16_converted_once(small_dataset):
     assert job.config["precision"] == "bf16"
 
 
+@pytest.mark.slow
 def test_bf16_trains_as_well_as_fp32_and_saves_an_fp32_model(
     small_dataset, tmp_path, reference_run
 ):
@@ -86,6 +88,7 @@ def _autocast_run(rank, dataset_dir, log_dir):
     return plan.autocast, forwards, grads, records
 
 
+@pytest.mark.slow
 def test_autocast_runs_the_model_in_bf16_with_fp32_gradients(
     small_dataset, tmp_path
 ):

@@ -41,6 +41,7 @@ def metrics_without_time(stdout):
     return [line[:3] for line in epoch_lines(stdout)]
 
 
+@pytest.mark.slow
 def test_the_same_seed_repeats_a_run_and_another_seed_does_not(
         small_dataset, reference_run):
     # Nothing in an epoch depends on --epochs: a one-epoch run of the
@@ -61,6 +62,7 @@ def test_the_same_seed_repeats_a_run_and_another_seed_does_not(
     assert first_epoch[2] != first_epoch[1]
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_from_its_last_checkpoint(small_dataset, tmp_path):
     # One rank with one thread (two ranks, and one rank with two threads, are
     # resumed exactly in the SIGTERM test).
@@ -176,6 +178,7 @@ def stopped_at_check(check, args, ckpt):
     return run, check_stopped(run, ckpt)
 
 
+@pytest.mark.slow
 def test_stopped_in_validation_and_inside_an_epoch_the_run_resumes_exactly(
         small_dataset, tmp_path, reference_run):
     # The reference's two ranks: 14 steps per epoch and rank, so check 15
@@ -212,6 +215,7 @@ def test_stopped_in_validation_and_inside_an_epoch_the_run_resumes_exactly(
     assert times == pytest.approx({1: 2 * 64 * 2, 2: 14 * 64 * 2}, rel=0.05)
 
 
+@pytest.mark.slow
 def test_sigterm_stops_one_rank_with_two_threads_at_a_step_exactly(
         small_dataset, tmp_path):
     # 28 steps per epoch; exact because a seeded run samples serially
@@ -240,6 +244,7 @@ def test_sigterm_stops_one_rank_with_two_threads_at_a_step_exactly(
         reported_test_accuracy(uninterrupted.stdout))
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_launcher_and_ctrl_c_stop_every_rank_at_a_checkpoint(
         small_dataset, tmp_path):
     # Real signals, once rank 0 trains, to two runs side by side: SIGTERM to
@@ -314,6 +319,7 @@ def gone(pid):
         return True
 
 
+@pytest.mark.slow
 def test_the_launcher_relays_one_signal_and_kills_on_the_second():
     job = start([sys.executable, "-c", _RELAY])
     try:
@@ -333,6 +339,7 @@ def test_the_launcher_relays_one_signal_and_kills_on_the_second():
     assert "still running" not in out + job.stdout.read().decode()
 
 
+@pytest.mark.slow
 def test_sigkill_while_saving_leaves_a_loadable_checkpoint(tmp_path):
     path = tmp_path / "checkpoint.pt"
     saver = (
@@ -584,6 +591,7 @@ def _sampled_twice(rank, dataset_dir, threads):
     return passes
 
 
+@pytest.mark.slow
 def test_a_seeded_epoch_samples_the_same_batches_with_two_threads(
         small_dataset, tmp_path):
     # What makes a seeded run with --threads 2 repeatable, and a run stopped
