@@ -292,11 +292,11 @@ def run_example(args, timeout=120, env=None, script=SCRIPT):
         kill_session(process)
 
 
-def run_examples(*runs, timeout=120):
-    """Runs node_classification.py with each (args, env) of `runs` side by
-    side (most of a short run is start-up, on one core); returns their
-    CompletedProcesses in that order."""
-    jobs = [start([sys.executable, SCRIPT, *args], env=env) for args, env in runs]
+def run_examples(*runs, timeout=120, script=SCRIPT):
+    """Runs node_classification.py (or `script`) with each (args, env) of
+    `runs` side by side (most of a short run is start-up, on one core);
+    returns their CompletedProcesses in that order."""
+    jobs = [start([sys.executable, script, *args], env=env) for args, env in runs]
     try:
         return [finish(job, timeout) for job in jobs]
     finally:

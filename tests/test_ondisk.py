@@ -1,12 +1,12 @@
 """Tests of the dataset tools: gbrun/ondisk.py and its two command lines.
 
-Each command line runs once as a subprocess, exactly as a user runs it
-(test_the_scripts_run_from_the_command_line); every other test calls the
-script's main() in this process with the same arguments, working directory
-and sys.argv, and checks its exit status and output: the same code once the
-interpreter has started, without a second and a half of start-up per call.
-The written directory is loaded back with gb.OnDiskDataset and compared
-with the inputs.
+The converter's command line runs as a subprocess, exactly as a user runs
+it, in one test (the generator's runs for every dataset conftest makes);
+every other test calls the script's main() in this process with the same
+arguments, working directory and sys.argv, and checks its exit status and
+output: the same code once the interpreter has started, without a second
+and a half of start-up per call. The written directory is loaded back with
+gb.OnDiskDataset and compared with the inputs.
 """
 
 import io
@@ -163,19 +163,20 @@ def test_round_trip(tmp_path, flags):
 
 
 @pytest.mark.slow
-def test_the_scripts_run_from_the_command_line(tmp_path):
+def test_the_converter_runs_from_the_command_line(tmp_path):
+    # make_synthetic_dataset.py's command line runs for every dataset the
+    # other test files make (conftest.make_synthetic).
     paths, _ = make_inputs(tmp_path)
     out = tmp_path / "out"
     converted = run_script(CONVERT, out, *convert_args(paths))
     assert converted.returncode == 0, converted.stderr
     assert f"--dataset {out}" in converted.stdout
     assert load(out).graph.total_num_nodes == NUM_NODES
-    refused = run_script(SYNTHETIC, out)  # exists, no --force
+    refused = run_script(CONVERT, out, *convert_args(paths))  # no --force
     assert refused.returncode == 2, refused.stderr
-    lines = refused.stderr.splitlines()
-    assert len(lines) == 1, refused.stderr
-    assert lines[0].startswith(f"make_synthetic_dataset.py: error: {out}: "
-                               "already exists"), lines
+    assert refused.stderr.splitlines() == [
+        f"convert_to_ondisk.py: error: {out}: already exists; use --force "
+        "to replace it"], refused.stderr
 
 
 @pytest.mark.parametrize("layout", ["csv_header", "csv_plain", "tsv_plain", "npy_E_by_2", "npy_2_by_2"])

@@ -42,27 +42,6 @@ def metrics_without_time(stdout):
 
 
 @pytest.mark.slow
-def test_the_same_seed_repeats_a_run_and_another_seed_does_not(
-        small_dataset, reference_run):
-    # Nothing in an epoch depends on --epochs: a one-epoch run of the
-    # reference's seed prints its first epoch digit for digit, one of
-    # another seed does not (unseeded runs would differ both times).
-    reference, _ = reference_run
-    runs = []
-    for seed in (1, 2):
-        args = [*REFERENCE, "--dataset", small_dataset]
-        args[args.index("--seed") + 1] = seed
-        args[args.index("--epochs") + 1] = 1
-        runs.append((args, NO_GPU))
-    first_epoch = {}
-    for seed, run in zip((1, 2), run_examples(*runs)):
-        assert run.returncode == 0, run.stderr[-2000:]
-        first_epoch[seed] = metrics_without_time(run.stdout)
-    assert first_epoch[1] == metrics_without_time(reference.stdout)[:1]
-    assert first_epoch[2] != first_epoch[1]
-
-
-@pytest.mark.slow
 def test_killed_run_resumes_from_its_last_checkpoint(small_dataset, tmp_path):
     # One rank with one thread (two ranks, and one rank with two threads, are
     # resumed exactly in the SIGTERM test).
@@ -244,44 +223,77 @@ def test_sigterm_stops_one_rank_with_two_threads_at_a_step_exactly(
         reported_test_accuracy(uninterrupted.stdout))
 
 
-@pytest.mark.slow
-def test_sigterm_to_the_launcher_and_ctrl_c_stop_every_rank_at_a_checkpoint(
-        small_dataset, tmp_path):
-    # Real signals, once rank 0 trains, to two runs side by side: SIGTERM to
-    # the launcher, which relays it, and SIGINT to the whole process group,
-    # as Ctrl-C in a terminal (the ranks leave it to the launcher). The step
-    # a stop lands on depends on timing; what is checked does not.
-    jobs = {signum: start([sys.executable, SCRIPT, *REFERENCE, "--dataset",
-                           small_dataset, "--checkpoint-dir",
-                           tmp_path / signum.name], env=NO_GPU)
-            for signum in (signal.SIGTERM, signal.SIGINT)}
+@pytest.fixture(scope="module")
+def signalled_runs(small_dataset, tmp_path_factory):
+    """Two runs of the reference's arguments side by side, with seeds 1 and
+    2, each sent a real signal as soon as it has printed epoch 0's line:
+    SIGTERM to the launcher (seed 1), which relays it to the ranks, and
+    SIGINT to the whole process group (seed 2), as Ctrl-C in a terminal
+    does (the ranks leave it to the launcher). With --epochs 10 they are far
+    from done then. Returns {signal: (CompletedProcess, checkpoint dir)}."""
+    out = tmp_path_factory.mktemp("signalled")
+    jobs = {}
+    for signum, seed in ((signal.SIGTERM, 1), (signal.SIGINT, 2)):
+        args = [*REFERENCE, "--dataset", small_dataset, "--checkpoint-dir",
+                out / signum.name]
+        args[args.index("--seed") + 1] = seed
+        args[args.index("--epochs") + 1] = 10
+        jobs[signum] = start([sys.executable, SCRIPT, *args], env=NO_GPU)
     try:
-        waiting = {job.stderr.fileno(): signum for signum, job in jobs.items()}
+        fds = {signum: job.stdout.fileno() for signum, job in jobs.items()}
+        waiting = {fd: signum for signum, fd in fds.items()}
         seen = dict.fromkeys(waiting, b"")
         deadline = time.monotonic() + 120
-        while waiting:  # each signal as soon as that run's first bar shows
+        while waiting:
             ready = select.select(list(waiting), [], [],
                                   max(deadline - time.monotonic(), 0))[0]
-            assert ready, f"no progress bar within 120 s: {seen}"
+            assert ready, f"no epoch line within 120 s: {seen}"
             for fd in ready:
-                seen[fd] += os.read(fd, 65536)
-                if b"train 0: " in seen[fd]:
+                chunk = os.read(fd, 65536)
+                assert chunk, f"ended before its first epoch: {seen[fd]}"
+                seen[fd] += chunk
+                if re.search(rb"(?m)^Epoch 00000 .*\n", seen[fd]):
                     signum = waiting.pop(fd)
                     if signum == signal.SIGTERM:
                         jobs[signum].send_signal(signum)
                     else:
                         os.killpg(jobs[signum].pid, signum)
-        stopped = {signum: finish(job, 30) for signum, job in jobs.items()}
+        runs = {}
+        for signum, job in jobs.items():
+            run = finish(job, 30)
+            run.stdout = seen[fds[signum]].decode() + run.stdout
+            runs[signum] = (run, out / signum.name)
     finally:
         for job in jobs.values():
             kill_session(job)
-    for signum, run in stopped.items():
+    return runs
+
+
+@pytest.mark.slow
+def test_the_same_seed_repeats_a_run_and_another_seed_does_not(
+        signalled_runs, reference_run):
+    # Nothing in an epoch depends on --epochs: the seed-1 run's first epoch
+    # is the reference's, digit for digit; the seed-2 run's is not
+    # (unseeded, both would differ from the reference).
+    reference, _ = reference_run
+    first_epoch = {signum: metrics_without_time(run.stdout)[:1]
+                   for signum, (run, _) in signalled_runs.items()}
+    assert first_epoch[signal.SIGTERM] == (
+        metrics_without_time(reference.stdout)[:1])
+    assert first_epoch[signal.SIGINT] != first_epoch[signal.SIGTERM]
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_and_ctrl_c_stop_every_rank_at_a_checkpoint(
+        signalled_runs):
+    # The step a stop lands on depends on timing; what is checked does not.
+    for signum, (run, ckpt) in signalled_runs.items():
         assert run.returncode == 128 + signum, run.stderr[-2000:]
         assert "failed" not in run.stderr and "Traceback" not in run.stderr
-        ckpt = tmp_path / signum.name
         checkpoint = torch.load(ckpt / gbrun.CHECKPOINT_FILE,
                                 weights_only=True)
         epoch, step = checkpoint["epoch"], checkpoint["step"]
+        assert epoch >= 1  # after epoch 0's line
         assert stop_message(signum, ckpt, epoch, step) in (
             run.stdout.splitlines()), run.stdout
         assert len(checkpoint["partial"] or [0, 0]) == 2
