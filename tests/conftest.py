@@ -240,28 +240,80 @@ def start(command, env=None):
     )
 
 
-def kill_session(process):
+def cleans_up_after_others(process):
+    """torch's shared-memory manager unlinks the /dev/shm files of a job 2 s
+    after its last client has gone, and multiprocessing's resource tracker
+    unlinks leaked semaphores once the processes holding its pipe have
+    exited. Both then leave on their own; killing them leaks those files."""
     try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        return process.name() == "torch_shm_manager" or (
+            "multiprocessing.resource_tracker" in " ".join(process.cmdline()))
+    except psutil.Error:
+        return False
+
+
+def kill_session(process):
+    """SIGKILLs every process of `process`'s session (spawned ranks
+    included) but those that clean up after the others, and waits for
+    `process`. What is left must then leave on its own
+    (no_process_outlives_its_test)."""
+    for member in psutil.process_iter():
+        try:
+            if (os.getsid(member.pid) == process.pid
+                    and not cleans_up_after_others(member)):
+                member.kill()
+        except (OSError, psutil.Error):
+            pass
     process.wait()
+
+
+def _drain(process, timeout):
+    """Reads a started process's stdout and stderr until it has exited and
+    what it wrote is read, or `timeout` passes; returns (stdout, stderr,
+    exited). Not until the end of its pipes: helpers that inherited them
+    (torch's shared-memory manager) can outlive it by seconds."""
+    chunks = {process.stdout.fileno(): bytearray(),
+              process.stderr.fileno(): bytearray()}
+    open_fds, deadline = list(chunks), time.monotonic() + timeout
+    while open_fds:
+        exited = process.poll() is not None
+        left = deadline - time.monotonic()
+        if not exited and left <= 0:
+            break
+        ready = select.select(open_fds, [], [],
+                              0 if exited else min(left, 0.1))[0]
+        if exited and not ready:
+            break  # everything written before the exit has been read
+        for fd in ready:
+            chunk = os.read(fd, 65536)
+            chunks[fd] += chunk
+            if not chunk:
+                open_fds.remove(fd)
+    if not open_fds:  # both pipes closed: it is exiting, if not gone
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            pass
+    out, err = (bytes(chunks[stream.fileno()]).decode(errors="replace")
+                for stream in (process.stdout, process.stderr))
+    return out, err, process.poll() is not None
 
 
 def finish(process, timeout):
     """Waits for a started process; on timeout kills its session and fails
     the test with the end of its output. Returns CompletedProcess (text)."""
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    out, err, exited = _drain(process, timeout)
+    if not exited:
         kill_session(process)
-        out, err = process.communicate()
+        more_out, more_err, _ = _drain(process, 5)
         pytest.fail(
             f"{process.args[:3]} did not finish in {timeout} s:\n"
-            f"{out.decode()[-2000:]}\n{err.decode()[-2000:]}"
+            f"{(out + more_out)[-2000:]}\n{(err + more_err)[-2000:]}"
         )
+    process.stdout.close()
+    process.stderr.close()
     return subprocess.CompletedProcess(
-        process.args, process.returncode, out.decode(), err.decode()
+        process.args, process.returncode, out, err
     )
 
 

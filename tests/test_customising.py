@@ -185,8 +185,8 @@ def test_macro_f1_is_exact_over_ranks_one_without_items(
     exact = [macro_f1(job.item_sets[1], 60), macro_f1(job.item_sets[2], 540)]
     assert reported == pytest.approx(exact, abs=1e-6)
 
-    # The plot takes the metric's keys from the log (its command line is
-    # run in test_killed_run_resumes_from_its_last_checkpoint).
+    # The plot takes the metric's keys from the log (its command line runs
+    # in test_run_outputs.py's test_plot_metrics_names_a_missing_log).
     import plot_metrics
 
     plot_metrics.main([str(tmp_path / "logs"), "--out", str(tmp_path / "f1.png")])

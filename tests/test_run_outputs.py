@@ -30,7 +30,6 @@ from conftest import (
     read_until,
     reported_test_accuracy,
     run_example,
-    run_examples,
     run_gloo_group,
     start,
 )
@@ -115,13 +114,12 @@ def test_killed_run_resumes_from_its_last_checkpoint(small_dataset, tmp_path):
         records[-1]["test_accuracy"] - reported_test_accuracy(resumed.stdout)
     ) < 1e-4
 
-    # And the curves can be drawn, with a second run overlaid.
+    # And the curves can be drawn, with a second run overlaid (in this
+    # process; the command line runs in test_plot_metrics_names_a_missing_log).
+    import plot_metrics
+
     png = tmp_path / "curves.png"
-    plot = subprocess.run(
-        [sys.executable, os.path.join(SCRIPTS, "plot_metrics.py"), logs, logs,
-         "--out", png], capture_output=True, text=True, timeout=60,
-    )
-    assert plot.returncode == 0, plot.stderr
+    plot_metrics.main([str(logs), str(logs), "--out", str(png)])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -203,11 +201,12 @@ def test_sigterm_stops_one_rank_with_two_threads_at_a_step_exactly(
     common = ["--gpu=0", "--threads", "2", "--batch-size", "64",
               "--fanout", "5,5,5", "--epochs", "1", "--seed", "11",
               "--dataset", small_dataset]
-    uninterrupted, stopped = run_examples(
-        (common, NO_GPU),
-        ([*common, "--checkpoint-dir", ckpt], {**NO_GPU, AT_CHECK: "19"}))
+    # One after the other: two runs of two threads each on two cores slow
+    # each other down far more than they overlap.
+    uninterrupted = run_example(common, env=NO_GPU)
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
-    checkpoint = check_stopped(stopped, ckpt)
+    stopped, checkpoint = stopped_at_check(
+        19, [*common, "--checkpoint-dir", ckpt], ckpt)
     assert (checkpoint["epoch"], checkpoint["step"]) == (0, 20)
     assert len(checkpoint["partial"]) == 1
     assert stop_message(signal.SIGTERM, ckpt, 0, 20) in (
@@ -348,7 +347,7 @@ def test_the_launcher_relays_one_signal_and_kills_on_the_second():
         kill_session(job)
     relayed = out.splitlines()[1]
     assert relayed == f"{int(signal.SIGTERM)} True True"
-    assert "still running" not in out + job.stdout.read().decode()
+    assert "still running" not in out + finish(job, 10).stdout
 
 
 @pytest.mark.slow
