@@ -195,7 +195,6 @@ def test_benchmark_measures_bare_loop_and_script(small_dataset, tmp_path):
         (["--ranks", "0"], "--ranks and --threads must be at least 1"),
     ],
 )
-@pytest.mark.slow
 def test_benchmark_refuses_bad_input(small_dataset, tmp_path, extra, message):
     dataset = str(tmp_path) if not extra else small_dataset
     done = subprocess.run(
