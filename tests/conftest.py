@@ -29,7 +29,7 @@ NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
 sys.path.insert(0, REPO)
 sys.path.insert(0, SCRIPTS)
 
-# A backstop far above the slowest test (about 35 s here): it ends hangs.
+# A backstop far above the slowest test (under 30 s here): it ends hangs.
 TEST_DEADLINE_S = 300
 # How long processes of a finished test may take to exit on their own (a
 # launcher's resource tracker, say, once the launcher is gone).
@@ -66,12 +66,14 @@ def descendants():
     return found
 
 
-def kill_descendants():
+def kill_descendants(spare_cleaners=False):
     """SIGKILLs every descendant (until none is left: one may fork while
-    the others die); returns what each was, for the failure message."""
+    the others die), or all but those that clean up after the others and
+    then leave; returns what each was, for the failure message."""
     killed = []
     for _ in range(10):
-        processes = descendants()
+        processes = [process for process in descendants() if not (
+            spare_cleaners and cleans_up_after_others(process))]
         if not processes:
             break
         for process in processes:
@@ -85,7 +87,8 @@ def kill_descendants():
 
 
 def _deadline_passed(signum, frame):
-    killed = kill_descendants()
+    # The cleaners left are waited for, as after any test.
+    killed = kill_descendants(spare_cleaners=True)
     pytest.fail(
         f"the test did not end within its {TEST_DEADLINE_S} s deadline; "
         f"killed {len(killed)} processes: {killed}", pytrace=True)
@@ -142,6 +145,7 @@ def no_process_outlives_its_test():
         killed = kill_descendants()
         pytest.fail(f"{len(killed)} processes outlived the test (killed): "
                     f"{killed}")
+
 
 EPOCH_LINE = re.compile(
     r"^Epoch (\d{5}) \| Average Loss (\d+\.\d{4}) \| "
