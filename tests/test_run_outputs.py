@@ -43,7 +43,7 @@ def metrics_without_time(stdout):
 @pytest.mark.slow
 def test_killed_run_resumes_from_its_last_checkpoint(small_dataset, tmp_path):
     # One rank with one thread (two ranks, and one rank with two threads, are
-    # resumed exactly in the SIGTERM test).
+    # resumed exactly in the SIGTERM tests below).
     import node_classification as nc
 
     ckpt, logs = tmp_path / "ckpt", tmp_path / "logs"
