@@ -30,6 +30,7 @@ def _shards(rank):
     }
 
 
+@pytest.mark.slow
 def test_distributed_item_sampler_sharding(tmp_path):
     shards = run_gloo_group(_shards, 4, tmp_path)
     assert [s["plain"] for s in shards] == [
@@ -58,6 +59,7 @@ def _reduce(rank, sums, counts):
     return weighted_reduce(value, counts[rank]).item()
 
 
+@pytest.mark.slow
 def test_weighted_reduce_is_exact_with_unequal_and_zero_counts(tmp_path):
     # Rank 0 has mean 0.5 over 4 items, rank 1 mean 0.9 over 10 items and
     # rank 2 no items at all: the exact mean is (2 + 9) / 14.
@@ -96,6 +98,7 @@ def _evaluate_uneven(rank):
     return evaluate(Wrapped(), batches[rank], 2, state, "x").item()
 
 
+@pytest.mark.slow
 def test_evaluate_is_exact_when_a_rank_has_no_items(tmp_path):
     results = run_gloo_group(_evaluate_uneven, 2, tmp_path)
     assert results[0] == pytest.approx(2 / 3)

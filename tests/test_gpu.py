@@ -14,7 +14,7 @@ sys.path.insert(0, SCRIPTS)
 import check_gpu  # noqa: E402
 
 REASON = check_gpu.skip_reason()
-pytestmark = [pytest.mark.gpu,
+pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(REASON is not None, reason=str(REASON))]
 
 

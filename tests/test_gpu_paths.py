@@ -83,6 +83,7 @@ def docs_prediction_snippet(dataset, model_file):
         "runs/a/model.pt", model_file)
 
 
+@pytest.mark.slow
 def test_files_saved_by_gpu_ranks_load_without_cuda(
         reference_run, small_dataset, tmp_path, monkeypatch):
     # Files whose tensors are tagged cuda:0, as torch.save writes them from
@@ -156,6 +157,7 @@ def _slow_first_load(rank, out_dir):
         launch.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_torchrun_ranks_outwait_a_slow_first_load(tmp_path):
     import torch.multiprocessing as mp
 
@@ -203,6 +205,7 @@ def _loader_cuda_calls(rank, dataset_dir):
     return calls, options
 
 
+@pytest.mark.slow
 def test_cpu_cuda_ranks_start_no_cuda_work_in_the_loader(
         small_dataset, tmp_path):
     # dgl 2.1.0 overlaps the feature fetch on a CUDA stream in the loader's
@@ -227,6 +230,7 @@ def _stop_flags(rank, checks):
     return agreed, stop.signum
 
 
+@pytest.mark.slow
 def test_the_stop_flag_is_read_one_step_late_on_every_rank(tmp_path):
     # Each check reads the previous check's all-reduce, so a GPU rank's host
     # never waits for the step it has just queued; every rank still stops at
@@ -283,6 +287,7 @@ def _host_reads_per_step(rank, dataset_dir):
     return reads
 
 
+@pytest.mark.slow
 def test_a_training_step_reads_the_host_once_for_the_stop_flag_before(
         small_dataset, tmp_path):
     # On a GPU each read of a value waits for the GPU: the only one a step
@@ -308,6 +313,7 @@ def test_a_refused_pin_is_one_line(small_dataset, monkeypatch):
     assert "--mode cpu-cuda" in message and "\n" not in message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("machine", ["no CUDA", "CUDA torch, CPU-only DGL"])
 def test_check_gpu_skips_cleanly_where_dgl_has_no_cuda(machine):
     if machine != "no CUDA" and launch.dgl_has_cuda():

@@ -67,6 +67,7 @@ def kept_after_free(mode):
 @pytest.mark.skipif(
     platform.libc_ver()[0] != "glibc", reason="keep_freed_memory is glibc-only"
 )
+@pytest.mark.slow
 def test_keep_freed_memory_keeps_batch_sized_blocks_in_every_thread():
     # glibc as it comes gives a 256 MB block back to the kernel on free, in
     # the main thread and in any other: the next batch maps it anew.
@@ -133,6 +134,7 @@ def _loader_threads(rank, dataset_dir):
     return stages, threading.active_count() - before
 
 
+@pytest.mark.slow
 def test_cpu_ranks_sample_without_a_prefetch_thread(small_dataset, tmp_path):
     [(stages, threads_started)] = run_gloo_group(
         _loader_threads, 1, tmp_path, small_dataset
@@ -148,6 +150,7 @@ def test_cpu_ranks_sample_without_a_prefetch_thread(small_dataset, tmp_path):
         assert "CopyTo" in stages[mode], mode
 
 
+@pytest.mark.slow
 def test_benchmark_measures_bare_loop_and_script(small_dataset, tmp_path):
     out = tmp_path / "perf.json"
     done = subprocess.run(
@@ -231,6 +234,7 @@ time.sleep(1)
 """
 
 
+@pytest.mark.slow
 def test_benchmark_reads_memory_in_every_epoch_but_the_timed_one():
     # Reading PSS/USS costs the kernel ~0.1 s per look at a 2-rank job, time
     # the ranks would lose: only CPU times are read in the timed epoch.

@@ -1,11 +1,12 @@
 """--precision bf16: bf16 feature storage (converted once, where the data is
 loaded), autocast where the device computes bf16, fp32 parameters, loss,
 metrics and model.pt; checkpoints record the precision."""
+import pytest
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gbrun
 import gbrun.launch as launch
+import gbrun.stop
 import node_classification as nc
 from conftest import (
     NO_GPU,
@@ -30,6 +31,7 @@ def test_the_ranks_get_the_features_in_bf16_converted_once(small_dataset):
     assert job.config["precision"] == "bf16"
 
 
+@pytest.mark.slow
 def test_bf16_trains_as_well_as_fp32_and_saves_an_fp32_model(
     small_dataset, tmp_path, reference_run
 ):
@@ -51,36 +53,52 @@ def test_bf16_trains_as_well_as_fp32_and_saves_an_fp32_model(
     model.load_state_dict(state)
 
 
-def _autocast_epoch(rank, dataset_dir):
-    """One rank trains two bf16 steps under autocast, as on a CPU with
-    bfloat16 instructions."""
+def _autocast_run(rank, dataset_dir, log_dir):
+    """The example's run() as the only rank, with bf16 features and autocast
+    as on a CPU with bfloat16 instructions (2 batches per pass); records
+    each forward pass of the model (training or not, input and output
+    dtypes) and the dtype of a parameter's gradients."""
+    import json
+
     args = nc.parse_args(
         ["--gpu=0", "--mode", "cpu-cpu", "--dataset", dataset_dir,
          "--precision", "bf16", "--epochs", "1", "--max-batches", "2",
-         "--batch-size", "64", "--fanout", "5,5,5"]
+         "--batch-size", "64", "--fanout", "5,5,5", "--seed", "1",
+         "--log-dir", log_dir]
     )
     machine = launch.Machine(False, False, 0, 1, cpu_bf16=True)
     plan = launch.plan_run(args, {}, machine)
     job = nc.load_job(args, 1)
-    model = DDP(nc.create_model(32, 10))
-    loader = nc.create_dataloader(
-        job.dataset.graph, job.dataset.feature, job.item_sets[0],
-        torch.device("cpu"), "cpu", True, args, job.fanout,
-    )
-    data = next(iter(loader))
-    with torch.autocast("cpu", torch.bfloat16, enabled=plan.autocast):
-        y_hat = model(data.blocks, data.node_features["feat"])
-    loss = torch.nn.functional.cross_entropy(y_hat.float(), data.labels)
-    loss.backward()
-    return (plan.autocast, data.node_features["feat"].dtype, y_hat.dtype,
-            next(model.parameters()).grad.dtype, float(loss))
+    forwards, grads, create_model = [], set(), nc.create_model
+
+    def recorded_model(*sizes):
+        model = create_model(*sizes)
+        model.register_forward_hook(lambda module, inputs, output: (
+            forwards.append((module.training, inputs[1].dtype, output.dtype))))
+        next(model.parameters()).register_hook(
+            lambda grad: grads.add(grad.dtype))
+        return model
+
+    nc.create_model = recorded_model
+    nc.dist.init_process_group = lambda **kwargs: None  # the group exists
+    nc.run(rank, plan, args, job,
+           gbrun.stop.StopSignal(torch.device("cpu"), None))
+    records = [json.loads(line)
+               for line in open(f"{log_dir}/{gbrun.METRICS_FILE}")]
+    return plan.autocast, forwards, grads, records
 
 
+@pytest.mark.slow
 def test_autocast_runs_the_model_in_bf16_with_fp32_gradients(
     small_dataset, tmp_path
 ):
-    [(autocast, feat, out, grad, loss)] = run_gloo_group(
-        _autocast_epoch, 1, tmp_path, small_dataset
+    [(autocast, forwards, grads, records)] = run_gloo_group(
+        _autocast_run, 1, tmp_path, small_dataset, str(tmp_path)
     )
-    assert autocast and feat == torch.bfloat16 and out == torch.bfloat16
-    assert grad == torch.float32 and 0 < loss < 10
+    assert autocast
+    # 2 training steps, then 2 batches each of validation and test, every
+    # one on bf16 features computing in bf16.
+    assert forwards == [(True, torch.bfloat16, torch.bfloat16)] * 2 + (
+        [(False, torch.bfloat16, torch.bfloat16)] * 4), forwards
+    assert grads == {torch.float32}
+    assert 0 < records[0]["loss"] < 10 and "test_accuracy" in records[1]

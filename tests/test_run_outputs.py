@@ -4,6 +4,7 @@ import json
 import math
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import torch
 
 import gbrun
 import gbrun.checkpoint
+import gbrun.stop
 
 from conftest import (
     NO_GPU,
@@ -38,34 +40,19 @@ def metrics_without_time(stdout):
     return [line[:3] for line in epoch_lines(stdout)]
 
 
-def test_another_seed_gives_another_run(small_dataset, reference_run):
-    # That the same seed repeats a run, digit for digit, is what the resume
-    # tests below check: a stopped run's first epochs equal an uninterrupted
-    # run's, printed by other processes.
-    args = [*REFERENCE, "--dataset", small_dataset]
-    args[args.index("--seed") + 1] = 2
-    # Nothing in an epoch depends on --epochs: one epoch is enough to differ.
-    args[args.index("--epochs") + 1] = 1
-    other = run_example(args, env=NO_GPU)
-    assert other.returncode == 0, other.stderr[-2000:]
-    reference, _ = reference_run
-    assert metrics_without_time(other.stdout)[0] != (
-        metrics_without_time(reference.stdout)[0])
-
-
+@pytest.mark.slow
 def test_killed_run_resumes_from_its_last_checkpoint(small_dataset, tmp_path):
     # One rank with one thread (two ranks, and one rank with two threads, are
-    # resumed exactly in the SIGTERM test).
+    # resumed exactly in the SIGTERM tests below).
     import node_classification as nc
 
     ckpt, logs = tmp_path / "ckpt", tmp_path / "logs"
     common = ["--gpu=0", "--threads", "1", "--batch-size", "64", "--fanout",
               "5,5,5", "--epochs", "2", "--seed", "5", "--dataset",
               small_dataset]
-    uninterrupted = run_example(common, env=NO_GPU)
-    assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
-
-    # Kill the rank while epoch 1 (the second and last) trains.
+    # The uninterrupted run side by side with the one whose rank is killed
+    # while epoch 1 (the second and last) trains.
+    other = start([sys.executable, SCRIPT, *common], env=NO_GPU)
     job = start([sys.executable, SCRIPT, *common, "--checkpoint-dir", ckpt,
                  "--log-dir", logs], env=NO_GPU)
     try:
@@ -75,10 +62,14 @@ def test_killed_run_resumes_from_its_last_checkpoint(small_dataset, tmp_path):
         assert len(ranks) == 1
         ranks[0].send_signal(signal.SIGKILL)
         killed_at = time.time()
-        assert job.wait(timeout=60) != 0
+        # The launcher's "error: training failed: ...", exit status 1.
+        assert job.wait(timeout=60) == 1
         assert time.time() - killed_at < 30
+        uninterrupted = finish(other, 120)
     finally:
         kill_session(job)
+        kill_session(other)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
 
     # The checkpoint of epoch 0 is there and loads; the model has no DDP
     # prefixes.
@@ -123,69 +114,188 @@ def test_killed_run_resumes_from_its_last_checkpoint(small_dataset, tmp_path):
         records[-1]["test_accuracy"] - reported_test_accuracy(resumed.stdout)
     ) < 1e-4
 
-    # And the curves can be drawn, with a second run overlaid.
+    # And the curves can be drawn, with a second run overlaid (in this
+    # process; the command line runs in test_plot_metrics_names_a_missing_log).
+    import plot_metrics
+
     png = tmp_path / "curves.png"
-    plot = subprocess.run(
-        [sys.executable, os.path.join(SCRIPTS, "plot_metrics.py"), logs, logs,
-         "--out", png], capture_output=True, text=True, timeout=60,
-    )
-    assert plot.returncode == 0, plot.stderr
+    plot_metrics.main([str(logs), str(logs), "--out", str(png)])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("launch", ["2 ranks", "1 rank x 2 threads"])
-def test_sigterm_stops_at_a_step_and_the_resumed_run_is_exact(
-    small_dataset, tmp_path, reference_run, launch
-):
-    import node_classification as nc
+# TEST_SIGTERM_AT_CHECK=N stops a run at an exact step, with no timing
+# involved: the Nth stop check of a process acts as if SIGTERM had arrived
+# just before it. There is one check per training step and one after each
+# epoch's validation; a step reads the previous check's flag, so a stop
+# comes one step after its check. A resumed run counts from 1 again.
+AT_CHECK = gbrun.stop.TEST_HOOK
+EPOCH_TIMES = re.compile(
+    r"^Epoch (\d{5}) \|.* \| Train Time (\d+\.\d{4}) \| Seeds/s (\d+\.\d) \|",
+    re.MULTILINE)
 
+
+def stop_message(signum, ckpt, epoch, step):
+    where = f"epoch {epoch}" + (f" after step {step}" if step else "")
+    return (f"Stopped by {signal.Signals(signum).name} in {where}: checkpoint "
+            f"saved in {ckpt}; run the same command with --resume to "
+            "continue.")
+
+
+def check_stopped(run, ckpt):
+    """The checkpoint of a run that SIGTERM stopped."""
+    assert run.returncode == 128 + signal.SIGTERM, run.stderr[-2000:]
+    assert "failed" not in run.stderr
+    return torch.load(ckpt / gbrun.CHECKPOINT_FILE, weights_only=True)
+
+
+def stopped_at_check(check, args, ckpt):
+    """Runs the example stopped at `check`; returns its output and its
+    checkpoint."""
+    run = run_example(args, env={**NO_GPU, AT_CHECK: str(check)})
+    return run, check_stopped(run, ckpt)
+
+
+@pytest.mark.slow
+def test_stopped_in_validation_and_inside_an_epoch_the_run_resumes_exactly(
+        small_dataset, tmp_path, reference_run):
+    # The reference's two ranks: 14 steps per epoch and rank, so check 15
+    # comes after epoch 0's validation.
+    uninterrupted, _ = reference_run
     ckpt = tmp_path / "ckpt"
-    if launch == "2 ranks":
-        # 14 steps per epoch and rank; the resumed epoch needs both ranks'
-        # partial sums.
-        common = [*REFERENCE, "--dataset", small_dataset]
-        uninterrupted, _ = reference_run
-    else:
-        # 28 steps per epoch; exact because a seeded run samples serially
-        # (test_a_seeded_epoch_samples_the_same_batches_with_two_threads).
-        common = ["--gpu=0", "--threads", "2", "--batch-size", "64",
-                  "--fanout", "5,5,5", "--epochs", "2", "--seed", "11",
-                  "--dataset", small_dataset]
-        uninterrupted = run_example(common, env=NO_GPU)
-        assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
-    ranks = 2 if launch == "2 ranks" else 1
+    common = [*REFERENCE, "--dataset", small_dataset, "--checkpoint-dir", ckpt]
 
-    job = start([sys.executable, SCRIPT, *common, "--checkpoint-dir", ckpt],
-                env=NO_GPU)
-    try:
-        # Rank 0's progress bar: at least two steps of epoch 1 done.
-        read_until(job, r"train 1: +\d+%\|[^|]*\| ([2-9]|\d\d)/", 120,
-                   stream="stderr")
-        job.send_signal(signal.SIGTERM)
-        signalled_at = time.time()
-        stopped = finish(job, 60)
-    finally:
-        kill_session(job)
-    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
-    assert time.time() - signalled_at < 15
-    checkpoint = torch.load(ckpt / gbrun.CHECKPOINT_FILE, weights_only=True)
-    assert checkpoint["epoch"] == 1 and checkpoint["step"] >= 2
-    assert len(checkpoint["partial"]) == ranks
-    message = (f"Stopped by SIGTERM in epoch 1 after step {checkpoint['step']}"
-               f": checkpoint saved in {ckpt}; run the same command with "
-               "--resume to continue.")
-    assert message in stopped.stdout.splitlines()
-    assert "failed" not in stopped.stderr
+    # A signal during validation stops at the epoch's checkpoint.
+    first, checkpoint = stopped_at_check(15, common, ckpt)
+    assert (checkpoint["epoch"], checkpoint["step"]) == (1, 0)
+    assert stop_message(signal.SIGTERM, ckpt, 1, 0) in first.stdout.splitlines()
+    # Resumed and stopped again late in epoch 1 (check 11, read at step 12):
+    # the checkpoint keeps both ranks' sums so far.
+    second, checkpoint = stopped_at_check(11, [*common, "--resume"], ckpt)
+    assert f"Resuming from {ckpt} at epoch 1." in second.stdout
+    assert (checkpoint["epoch"], checkpoint["step"]) == (1, 12)
+    assert len(checkpoint["partial"]) == 2
+    assert stop_message(signal.SIGTERM, ckpt, 1, 12) in (
+        second.stdout.splitlines())
+
+    last = run_example([*common, "--resume"], env=NO_GPU)
+    assert last.returncode == 0, last.stderr[-2000:]
+    assert f"Resuming from {ckpt} at epoch 1, step 12." in last.stdout
+    assert metrics_without_time(first.stdout + second.stdout + last.stdout) == (
+        metrics_without_time(uninterrupted.stdout))
+    assert reported_test_accuracy(last.stdout) == (
+        reported_test_accuracy(uninterrupted.stdout))
+    # Seeds/s is what a run trained in its train time: in the resumed epoch
+    # 2 steps x 64 seeds x 2 ranks, not the epoch's 14 steps (7 times more),
+    # and 14 steps in the next epoch.
+    times = {int(epoch): float(seconds) * float(rate)
+             for epoch, seconds, rate in EPOCH_TIMES.findall(last.stdout)}
+    assert times == pytest.approx({1: 2 * 64 * 2, 2: 14 * 64 * 2}, rel=0.05)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_one_rank_with_two_threads_at_a_step_exactly(
+        small_dataset, tmp_path):
+    # 28 steps per epoch; exact because a seeded run samples serially
+    # (test_a_seeded_epoch_samples_the_same_batches_with_two_threads).
+    ckpt = tmp_path / "ckpt"
+    common = ["--gpu=0", "--threads", "2", "--batch-size", "64",
+              "--fanout", "5,5,5", "--epochs", "1", "--seed", "11",
+              "--dataset", small_dataset]
+    # One after the other: two runs of two threads each on two cores slow
+    # each other down far more than they overlap.
+    uninterrupted = run_example(common, env=NO_GPU)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
+    stopped, checkpoint = stopped_at_check(
+        19, [*common, "--checkpoint-dir", ckpt], ckpt)
+    assert (checkpoint["epoch"], checkpoint["step"]) == (0, 20)
+    assert len(checkpoint["partial"]) == 1
+    assert stop_message(signal.SIGTERM, ckpt, 0, 20) in (
+        stopped.stdout.splitlines())
 
     resumed = run_example([*common, "--checkpoint-dir", ckpt, "--resume"],
                           env=NO_GPU)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert (f"Resuming from {ckpt} at epoch 1, step {checkpoint['step']}."
-            in resumed.stdout)
-    assert metrics_without_time(stopped.stdout + resumed.stdout) == (
+    assert f"Resuming from {ckpt} at epoch 0, step 20." in resumed.stdout
+    assert metrics_without_time(resumed.stdout) == (
         metrics_without_time(uninterrupted.stdout))
     assert reported_test_accuracy(resumed.stdout) == (
         reported_test_accuracy(uninterrupted.stdout))
+
+
+@pytest.fixture(scope="module")
+def signalled_runs(small_dataset, tmp_path_factory):
+    """Two runs of the reference's arguments side by side, with seeds 1 and
+    2, each sent a real signal as soon as it has printed epoch 0's line:
+    SIGTERM to the launcher (seed 1), which relays it to the ranks, and
+    SIGINT to the whole process group (seed 2), as Ctrl-C in a terminal
+    does (the ranks leave it to the launcher). With --epochs 10 they are far
+    from done then. Returns {signal: (CompletedProcess, checkpoint dir)}."""
+    out = tmp_path_factory.mktemp("signalled")
+    jobs = {}
+    for signum, seed in ((signal.SIGTERM, 1), (signal.SIGINT, 2)):
+        args = [*REFERENCE, "--dataset", small_dataset, "--checkpoint-dir",
+                out / signum.name]
+        args[args.index("--seed") + 1] = seed
+        args[args.index("--epochs") + 1] = 10
+        jobs[signum] = start([sys.executable, SCRIPT, *args], env=NO_GPU)
+    try:
+        fds = {signum: job.stdout.fileno() for signum, job in jobs.items()}
+        waiting = {fd: signum for signum, fd in fds.items()}
+        seen = dict.fromkeys(waiting, b"")
+        deadline = time.monotonic() + 120
+        while waiting:
+            ready = select.select(list(waiting), [], [],
+                                  max(deadline - time.monotonic(), 0))[0]
+            assert ready, f"no epoch line within 120 s: {seen}"
+            for fd in ready:
+                chunk = os.read(fd, 65536)
+                assert chunk, f"ended before its first epoch: {seen[fd]}"
+                seen[fd] += chunk
+                if re.search(rb"(?m)^Epoch 00000 .*\n", seen[fd]):
+                    signum = waiting.pop(fd)
+                    if signum == signal.SIGTERM:
+                        jobs[signum].send_signal(signum)
+                    else:
+                        os.killpg(jobs[signum].pid, signum)
+        runs = {}
+        for signum, job in jobs.items():
+            run = finish(job, 30)
+            run.stdout = seen[fds[signum]].decode() + run.stdout
+            runs[signum] = (run, out / signum.name)
+    finally:
+        for job in jobs.values():
+            kill_session(job)
+    return runs
+
+
+@pytest.mark.slow
+def test_the_same_seed_repeats_a_run_and_another_seed_does_not(
+        signalled_runs, reference_run):
+    # Nothing in an epoch depends on --epochs: the seed-1 run's first epoch
+    # is the reference's, digit for digit; the seed-2 run's is not
+    # (unseeded, both would differ from the reference).
+    reference, _ = reference_run
+    first_epoch = {signum: metrics_without_time(run.stdout)[:1]
+                   for signum, (run, _) in signalled_runs.items()}
+    assert first_epoch[signal.SIGTERM] == (
+        metrics_without_time(reference.stdout)[:1])
+    assert first_epoch[signal.SIGINT] != first_epoch[signal.SIGTERM]
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_and_ctrl_c_stop_every_rank_at_a_checkpoint(
+        signalled_runs):
+    # The step a stop lands on depends on timing; what is checked does not.
+    for signum, (run, ckpt) in signalled_runs.items():
+        assert run.returncode == 128 + signum, run.stderr[-2000:]
+        assert "failed" not in run.stderr and "Traceback" not in run.stderr
+        checkpoint = torch.load(ckpt / gbrun.CHECKPOINT_FILE,
+                                weights_only=True)
+        epoch, step = checkpoint["epoch"], checkpoint["step"]
+        assert epoch >= 1  # after epoch 0's line
+        assert stop_message(signum, ckpt, epoch, step) in (
+            run.stdout.splitlines()), run.stdout
+        assert len(checkpoint["partial"] or [0, 0]) == 2
 
 
 _RELAY = """
@@ -211,21 +321,36 @@ if __name__ == "__main__":
 """
 
 
+def gone(pid):
+    """True once `pid` has exited (a zombie has: only its parent's wait is
+    missing)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.slow
 def test_the_launcher_relays_one_signal_and_kills_on_the_second():
     job = start([sys.executable, "-c", _RELAY])
     try:
-        done = finish(job, 60)
+        out = read_until(job, r"^\d+ \d+\n.+\n", 60)
+        assert job.wait(timeout=60) == 128 + signal.SIGTERM
+        pids = [int(pid) for pid in out.splitlines()[0].split()]
+        # The launcher's own kill, not the cleanup below, ends the ranks: a
+        # moment for SIGKILL to take effect, and they must be gone.
+        deadline = time.monotonic() + 5
+        while not all(map(gone, pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [pid for pid in pids if not gone(pid)] == []
     finally:
         kill_session(job)
-    pids, relayed = done.stdout.splitlines()[:2]
+    relayed = out.splitlines()[1]
     assert relayed == f"{int(signal.SIGTERM)} True True"
-    assert "still running" not in done.stdout
-    assert done.returncode == 128 + signal.SIGTERM
-    for pid in map(int, pids.split()):
-        assert not psutil.pid_exists(pid) or (
-            psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    assert "still running" not in out + finish(job, 10).stdout
 
 
+@pytest.mark.slow
 def test_sigkill_while_saving_leaves_a_loadable_checkpoint(tmp_path):
     path = tmp_path / "checkpoint.pt"
     saver = (
@@ -263,7 +388,7 @@ class _RunsCode:
 
 
 def test_a_checkpoint_that_would_run_code_is_refused(
-    small_dataset, tmp_path, capsys
+    small_dataset, tmp_path, capsys, nothing_spawned
 ):
     path = make_checkpoint(tmp_path / "hostile", small_dataset)
     checkpoint = torch.load(path, weights_only=True)
@@ -312,7 +437,8 @@ def resume_error(capsys, dataset, directory, *extra):
     return error
 
 
-def test_resume_refuses_what_it_cannot_continue(small_dataset, tmp_path, capsys):
+def test_resume_refuses_what_it_cannot_continue(small_dataset, tmp_path, capsys,
+                                                nothing_spawned):
     import node_classification as nc
 
     assert "there is no checkpoint" in resume_error(
@@ -415,7 +541,7 @@ def _tiny_batch():
     return [block] * 3, torch.ones(2, 4)
 
 
-def test_resume_needs_a_checkpoint_dir(capsys):
+def test_resume_needs_a_checkpoint_dir(capsys, nothing_spawned):
     import node_classification as nc
 
     with pytest.raises(SystemExit) as exit_info:
@@ -476,6 +602,7 @@ def _sampled_twice(rank, dataset_dir, threads):
     return passes
 
 
+@pytest.mark.slow
 def test_a_seeded_epoch_samples_the_same_batches_with_two_threads(
         small_dataset, tmp_path):
     # What makes a seeded run with --threads 2 repeatable, and a run stopped
