@@ -10,11 +10,13 @@ import datetime
 import os
 import pickle
 import random
+import signal
 import socket
 import sys
 import time
 import traceback
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import dgl
 import torch
@@ -288,14 +290,11 @@ def launch_ranks(run, args, load_job, plan=None):
             return
         job = load_job(args, plan.world_size)
         check_shared_memory(job.dataset)
-        # Only once the input is known to be good.
-        unit = "gpu" if plan.backend == "nccl" else "CPU process"
-        plural = "es" if unit.endswith("s") else "s"
-        print(f"Training with {plan.world_size} {unit}"
-              f"{plural * (plan.world_size > 1)}.")
     except UsageError as error:
         # Under torchrun every rank finds the same bad input: rank 0 says so.
         fail(error, speak=is_first_process())
+    except KeyboardInterrupt:
+        sys.exit(128 + signal.SIGINT)  # Ctrl-C before anything started
     spawn(run, plan, args, job)
 
 
@@ -305,13 +304,29 @@ def spawn(run, plan, args, job):
     rank failed, 128 + the signal's number when stopped by one."""
     os.environ.update(plan.rank_env)
     stop_request = mp.get_context("spawn").Value("i", 0)
-    context = mp.spawn(
-        run_rank,
-        args=(run, plan, args, job, stop_request),
-        nprocs=plan.world_size,
-        join=False,
-    )
-    relay_stop_signals(context, stop_request)
+    ranks = SimpleNamespace(processes=[])
+    # From here on a signal is a stop request, also while the ranks start:
+    # they are born with SIGINT and SIGTERM blocked (the mask survives
+    # exec), so that a Ctrl-C during their imports cannot kill one of them
+    # (torch's spawn wrapper would exit 0, and the others would wait for it)
+    # but reaches them once they handle it (StopSignal).
+    relay_stop_signals(ranks, stop_request)
+    unit = "gpu" if plan.backend == "nccl" else "CPU process"
+    plural = "es" if unit.endswith("s") else "s"
+    print(f"Training with {plan.world_size} {unit}"
+          f"{plural * (plan.world_size > 1)}.", flush=True)
+    stop_signals = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    try:
+        context = mp.spawn(
+            run_rank,
+            args=(run, plan, args, job, stop_request),
+            nprocs=plan.world_size,
+            join=False,
+        )
+        ranks.processes = context.processes
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
     try:
         while not context.join():
             pass
@@ -324,6 +339,8 @@ def spawn(run, plan, args, job):
             # Stopped on request; rank 0 said where and how to resume.
             sys.exit(128 + stop_request.value)
         sys.exit(f"error: training failed: {error}")
+    # Every rank ended well: done, also if a signal came too late to stop
+    # training (during the last epoch's validation or the test).
 
 
 def run_rank(rank, run, plan, args, job, stop_request=None):

@@ -23,7 +23,9 @@ class StopSignal(Joinable):
 
     With mp.spawn the launcher receives the signal (a Ctrl-C reaches every
     process, so ranks ignore SIGINT) and passes it on in `stop_request`, a
-    shared integer; under torchrun each rank receives it itself.
+    shared integer; a rank also takes a SIGTERM of its own (a scheduler
+    that signals every process of the job). Under torchrun each rank
+    receives the signal itself.
 
     For tests, TEST_SIGTERM_AT_CHECK=N in the environment makes the first
     process to reach its Nth check act as if SIGTERM had arrived just before
@@ -38,11 +40,15 @@ class StopSignal(Joinable):
         self.checks = 0
         self.test_signal_at = int(os.environ.get(TEST_HOOK, "0"))
         self.pending = None  # the last flag, on its way to the host
-        if stop_request is None:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(signum, self._receive)
-        else:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, self._receive)
+        # With mp.spawn a Ctrl-C reaches every process, and the launcher
+        # relays it: a rank ignores its own copy.
+        signal.signal(signal.SIGINT, signal.SIG_IGN if stop_request is not None
+                      else self._receive)
+        # The launcher starts ranks with both blocked; one that came since
+        # is delivered now (an ignored SIGINT is dropped).
+        signal.pthread_sigmask(signal.SIG_UNBLOCK,
+                               {signal.SIGINT, signal.SIGTERM})
 
     def _receive(self, signum, frame):
         if self.received:
@@ -82,7 +88,7 @@ class StopSignal(Joinable):
                 self.received = signal.SIGTERM
         received = self.received
         if self.stop_request is not None:
-            received = self.stop_request.value
+            received = max(received, self.stop_request.value)
         return _Flag(received, self.device)
 
     def join_hook(self, **kwargs):
@@ -139,7 +145,8 @@ class _AnswerStopSignal(JoinHook):
 
 def relay_stop_signals(context, stop_request):
     """In the launcher: the first SIGTERM or SIGINT asks the ranks to stop
-    at the next step boundary; a second kills them."""
+    at the next step boundary; a second kills them (`context.processes`,
+    the ranks started so far)."""
 
     def relay(signum, frame):
         if stop_request.value:

@@ -149,10 +149,13 @@ def _slow_first_load(rank, out_dir):
     try:
         def load_job(args, world_size):
             time.sleep(5)
-            return {"feature": torch.arange(4.0)}
+            return types.SimpleNamespace(dataset=None,
+                                         feature=torch.arange(4.0))
 
+        # A job without a dataset, whose /dev/shm needs could be checked.
+        launch.check_shared_memory = lambda dataset: None
         job = launch.load_job_in_turn(rank, plan, load_job, args)
-        return job["feature"].tolist()
+        return job.feature.tolist()
     finally:
         launch.destroy_process_group()
 

@@ -222,46 +222,64 @@ def test_sigterm_stops_one_rank_with_two_threads_at_a_step_exactly(
         reported_test_accuracy(uninterrupted.stdout))
 
 
+# The real signals of signalled_runs: (name, signal, whom, seed, when).
+SIGNALLED = [
+    # The launcher, which relays it to the ranks.
+    ("SIGTERM to the launcher", signal.SIGTERM, "launcher", 1, "epoch 0"),
+    # Ctrl-C in a terminal: every process; the ranks leave it to the
+    # launcher.
+    ("Ctrl-C", signal.SIGINT, "group", 2, "epoch 0"),
+    # A scheduler that signals every process of the job, while the ranks
+    # are still starting (importing torch): ranks take SIGTERM as a stop
+    # request too, and are born with it blocked until they handle it.
+    ("SIGTERM to every process at start-up", signal.SIGTERM, "group", 3,
+     "start"),
+]
+TRIGGER = {"epoch 0": rb"(?m)^Epoch 00000 .*\n",
+           "start": rb"(?m)^Training with 2 CPU processes\.\n"}
+
+
 @pytest.fixture(scope="module")
 def signalled_runs(small_dataset, tmp_path_factory):
-    """Two runs of the reference's arguments side by side, with seeds 1 and
-    2, each sent a real signal as soon as it has printed epoch 0's line:
-    SIGTERM to the launcher (seed 1), which relays it to the ranks, and
-    SIGINT to the whole process group (seed 2), as Ctrl-C in a terminal
-    does (the ranks leave it to the launcher). With --epochs 10 they are far
-    from done then. Returns {signal: (CompletedProcess, checkpoint dir)}."""
+    """The reference's arguments, run side by side with seeds 1, 2 and 3
+    for --epochs 10 (far from done when signalled), each sent a real signal
+    as SIGNALLED says, as soon as it printed the line of TRIGGER. Returns
+    {name: (CompletedProcess, checkpoint dir)}."""
     out = tmp_path_factory.mktemp("signalled")
     jobs = {}
-    for signum, seed in ((signal.SIGTERM, 1), (signal.SIGINT, 2)):
+    for name, signum, _, seed, _ in SIGNALLED:
         args = [*REFERENCE, "--dataset", small_dataset, "--checkpoint-dir",
-                out / signum.name]
+                out / str(seed)]
         args[args.index("--seed") + 1] = seed
         args[args.index("--epochs") + 1] = 10
-        jobs[signum] = start([sys.executable, SCRIPT, *args], env=NO_GPU)
+        jobs[name] = start([sys.executable, SCRIPT, *args], env=NO_GPU)
     try:
-        fds = {signum: job.stdout.fileno() for signum, job in jobs.items()}
-        waiting = {fd: signum for signum, fd in fds.items()}
+        fds = {name: job.stdout.fileno() for name, job in jobs.items()}
+        waiting = {fd: name for name, fd in fds.items()}
         seen = dict.fromkeys(waiting, b"")
         deadline = time.monotonic() + 120
         while waiting:
             ready = select.select(list(waiting), [], [],
                                   max(deadline - time.monotonic(), 0))[0]
-            assert ready, f"no epoch line within 120 s: {seen}"
+            assert ready, f"no trigger line within 120 s: {seen}"
             for fd in ready:
                 chunk = os.read(fd, 65536)
-                assert chunk, f"ended before its first epoch: {seen[fd]}"
+                assert chunk, f"ended before it was signalled: {seen[fd]}"
                 seen[fd] += chunk
-                if re.search(rb"(?m)^Epoch 00000 .*\n", seen[fd]):
-                    signum = waiting.pop(fd)
-                    if signum == signal.SIGTERM:
-                        jobs[signum].send_signal(signum)
+                name = waiting[fd]
+                _, signum, whom, _, when = next(
+                    entry for entry in SIGNALLED if entry[0] == name)
+                if re.search(TRIGGER[when], seen[fd]):
+                    del waiting[fd]
+                    if whom == "launcher":
+                        jobs[name].send_signal(signum)
                     else:
-                        os.killpg(jobs[signum].pid, signum)
+                        os.killpg(jobs[name].pid, signum)
         runs = {}
-        for signum, job in jobs.items():
-            run = finish(job, 30)
-            run.stdout = seen[fds[signum]].decode() + run.stdout
-            runs[signum] = (run, out / signum.name)
+        for name, signum, _, seed, _ in SIGNALLED:
+            run = finish(jobs[name], 60)
+            run.stdout = seen[fds[name]].decode() + run.stdout
+            runs[name] = (run, out / str(seed))
     finally:
         for job in jobs.values():
             kill_session(job)
@@ -275,26 +293,28 @@ def test_the_same_seed_repeats_a_run_and_another_seed_does_not(
     # is the reference's, digit for digit; the seed-2 run's is not
     # (unseeded, both would differ from the reference).
     reference, _ = reference_run
-    first_epoch = {signum: metrics_without_time(run.stdout)[:1]
-                   for signum, (run, _) in signalled_runs.items()}
-    assert first_epoch[signal.SIGTERM] == (
-        metrics_without_time(reference.stdout)[:1])
-    assert first_epoch[signal.SIGINT] != first_epoch[signal.SIGTERM]
+    first_epoch = {name: metrics_without_time(run.stdout)[:1]
+                   for name, (run, _) in signalled_runs.items()}
+    seed_1, seed_2 = first_epoch["SIGTERM to the launcher"], first_epoch["Ctrl-C"]
+    assert seed_1 == metrics_without_time(reference.stdout)[:1]
+    assert seed_2 != seed_1 and len(seed_2) == 1
 
 
 @pytest.mark.slow
-def test_sigterm_to_the_launcher_and_ctrl_c_stop_every_rank_at_a_checkpoint(
-        signalled_runs):
+def test_real_signals_stop_every_rank_at_a_checkpoint(signalled_runs):
     # The step a stop lands on depends on timing; what is checked does not.
-    for signum, (run, ckpt) in signalled_runs.items():
-        assert run.returncode == 128 + signum, run.stderr[-2000:]
+    for name, signum, _, _, when in SIGNALLED:
+        run, ckpt = signalled_runs[name]
+        assert run.returncode == 128 + signum, (name, run.stderr[-2000:])
         assert "failed" not in run.stderr and "Traceback" not in run.stderr
         checkpoint = torch.load(ckpt / gbrun.CHECKPOINT_FILE,
                                 weights_only=True)
         epoch, step = checkpoint["epoch"], checkpoint["step"]
-        assert epoch >= 1  # after epoch 0's line
+        # After epoch 0's line; or, signalled at start-up, inside epoch 0
+        # (the stop takes effect one step after the signal).
+        assert epoch >= 1 if when == "epoch 0" else (epoch, step) == (0, 2)
         assert stop_message(signum, ckpt, epoch, step) in (
-            run.stdout.splitlines()), run.stdout
+            run.stdout.splitlines()), (name, run.stdout)
         assert len(checkpoint["partial"] or [0, 0]) == 2
 
 
