@@ -193,28 +193,27 @@ def stage_split(args):
     times = {"sample": [], "fetch_graphbolt": [], "fetch": [], "compute": []}
     input_nodes = []
 
-    def timed(stage, work):
+    def timed(stage, work, *args):
         start = time.perf_counter()
-        result = work()
+        result = work(*args)
         times[stage].append(time.perf_counter() - start)
         return result
 
+    def step(data, x):
+        loss = F.cross_entropy(model(data.blocks, x), data.labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
     # One batch more than counted: the first warms up allocator and threads.
     for _ in range(args.batches + 1):
-        data = timed("sample", lambda: next(batches))
+        data = timed("sample", next, batches)
         ids = data.node_ids()
         input_nodes.append(ids.numel())
         # Freed at once: only its time is kept.
         timed("fetch_graphbolt", lambda: stock.read(*key, ids).numel())
-        x = timed("fetch", lambda: example.read(*key, ids))
-
-        def step():
-            loss = F.cross_entropy(model(data.blocks, x), data.labels)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-
-        timed("compute", step)
+        x = timed("fetch", example.read, *key, ids)
+        timed("compute", step, data, x)
         del data, x
     median = {stage: sorted(t[1:])[len(t[1:]) // 2] for stage, t in times.items()}
     print(json.dumps({

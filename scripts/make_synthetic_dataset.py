@@ -21,7 +21,6 @@ The same arguments always produce the same bytes.
 """
 
 import argparse
-import os
 import sys
 
 import numpy as np

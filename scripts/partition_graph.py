@@ -39,7 +39,6 @@ main
 import argparse
 import json
 import os
-import sys
 
 import dgl
 import torch

@@ -8,7 +8,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 
 import pytest
 import torch

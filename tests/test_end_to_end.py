@@ -12,9 +12,7 @@ import pytest
 import yaml
 
 from conftest import (
-    LEARNS_IN_2_EPOCHS,
     LEARNS_IN_3_EPOCHS,
-    NO_GPU,
     REPO,
     finish,
     kill_session,
@@ -26,7 +24,6 @@ from conftest import (
     run_example,
     run_gloo_group,
 )
-from gbrun.launch import free_port
 
 CHANCE = 0.1  # the synthetic datasets here have 10 classes
 FAST = ["--batch-size", 64, "--fanout", "5,5,5"]
@@ -53,19 +50,6 @@ def test_two_cpu_ranks_learn_and_print_upstream_lines(reference_run):
     assert "CUDA is not available: using --mode cpu-cpu" in result.stdout
     assert "Training with 2 CPU processes." in result.stdout
     assert accuracy > LEARNS_IN_3_EPOCHS, result.stdout
-
-
-@pytest.mark.slow
-def test_torchrun_single_node(small_dataset):
-    job = start([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                 "--nproc-per-node=2", SCRIPT, "--dataset", small_dataset,
-                 "--epochs", "2", "--seed", 1, *FAST, *CPU])
-    try:
-        result = finish(job, 180)
-    finally:
-        kill_session(job)
-    accuracy = check_upstream_output(result, epochs=2)
-    assert accuracy > LEARNS_IN_2_EPOCHS, result.stdout
 
 
 def _load_in_turn(rank, dataset):
@@ -227,30 +211,6 @@ def test_one_worker_process_per_rank_trains(tiny_eval_run):
     result, _, _ = tiny_eval_run
     check_upstream_output(result, epochs=3)
     assert "--num-workers > 0" in result.stdout  # the seed's notice
-
-
-@pytest.mark.slow
-def test_torchrun_two_nodes_on_loopback(small_dataset):
-    port = free_port()
-    nodes = [
-        start([sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
-               "--nproc-per-node=1", f"--node-rank={node}",
-               "--master-addr=127.0.0.1", f"--master-port={port}",
-               SCRIPT, "--dataset", small_dataset, "--epochs", "2",
-               "--seed", 1, *FAST, *CPU])
-        for node in (0, 1)
-    ]
-    try:
-        results = [finish(node, 180) for node in nodes]
-    finally:
-        for node in nodes:
-            kill_session(node)
-    assert [r.returncode for r in results] == [0, 0], results[1].stderr[-3000:]
-    accuracy = check_upstream_output(results[0], epochs=2)
-    assert accuracy > LEARNS_IN_2_EPOCHS
-    outputs = [(r.stdout, r.stderr) for r in results]
-    # Only global rank 0 prints the results.
-    assert epoch_lines(outputs[1][0]) == []
 
 
 @pytest.mark.parametrize("rank", ["0", "1"])

@@ -19,8 +19,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import reported_test_accuracy, run_example
-
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 CONVERT = SCRIPTS / "convert_to_ondisk.py"
@@ -550,30 +548,3 @@ def test_synthetic_bad_arguments(tmp_path, args, message):
     result = run(SYNTHETIC, tmp_path / "out", *args)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert not (tmp_path / "out").exists()
-
-
-# --------------------------------------------------------------- end to end
-
-
-@pytest.mark.slow
-def test_converted_dataset_trains_end_to_end(tmp_path):
-    """Own arrays -> convert_to_ondisk.py -> node_classification.py learns."""
-    edges, features, labels = make_synthetic_dataset.make_dataset(
-        3000, 10, 32, 10, seed=0)
-    train, val, test = ondisk.split_nodes(3000, (0.6, 0.2, 0.2), seed=1)
-    paths = {}
-    for name, array in [("edges", edges.T), ("features", features), ("labels", labels),
-                        ("train", train), ("val", val), ("test", test)]:
-        paths[name] = tmp_path / f"{name}.npy"
-        np.save(paths[name], array)
-    out = tmp_path / "converted"
-    converted = run(CONVERT, out, *convert_args(paths), "--add-reverse-edges")
-    assert converted.returncode == 0, converted.stderr
-
-    trained = run_example(
-        ["--dataset", out, "--gpu=0,1", "--mode", "cpu-cpu", "--epochs", 3,
-         "--batch-size", 64, "--fanout", "5,5,5", "--seed", 1], timeout=180)
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    # 14 steps per epoch and rank: seeds 0-5 reach 0.8967 0.9067 0.9117
-    # 0.8967 0.9033 0.8950 here (measured 2026-12-01); chance is 0.1.
-    assert reported_test_accuracy(trained.stdout) > 0.87, trained.stdout

@@ -21,7 +21,6 @@ import gbrun.stop
 from conftest import (
     NO_GPU,
     REFERENCE,
-    REPO,
     SCRIPT,
     SCRIPTS,
     epoch_lines,
@@ -571,8 +570,6 @@ def test_resume_needs_a_checkpoint_dir(capsys, nothing_spawned):
 
 
 def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    import node_classification as nc
-
     path = tmp_path / "checkpoint.pt"
     gbrun.checkpoint.save_atomically({"epoch": 1}, str(path))
 
