@@ -131,8 +131,8 @@ def test_files_saved_by_gpu_ranks_load_without_cuda(
 
 
 def _slow_first_load(rank, out_dir):
-    """A torchrun rank whose process group gives up after 2 s, while rank 0
-    takes 5 s to load the dataset (a first download, say)."""
+    """A torchrun rank whose process group gives up after 1 s, while rank 0
+    takes 3 s to load the dataset (a first download, say)."""
     import time
 
     import torch.multiprocessing as mp
@@ -145,10 +145,10 @@ def _slow_first_load(rank, out_dir):
         plan, load_timeout=datetime.timedelta(seconds=60))
     dist.init_process_group(
         "gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank,
-        world_size=2, timeout=datetime.timedelta(seconds=2))
+        world_size=2, timeout=datetime.timedelta(seconds=1))
     try:
         def load_job(args, world_size):
-            time.sleep(5)
+            time.sleep(3)
             return types.SimpleNamespace(dataset=None,
                                          feature=torch.arange(4.0))
 
@@ -165,7 +165,7 @@ def test_torchrun_ranks_outwait_a_slow_first_load(tmp_path):
     import torch.multiprocessing as mp
 
     # The wait for rank 0's load runs over gloo with plan.load_timeout, not
-    # with the process group's (NCCL's 10 minutes; 2 s here).
+    # with the process group's (NCCL's 10 minutes; 1 s here).
     context = mp.spawn(_slow_first_load, args=(str(tmp_path),), nprocs=2,
                        join=False)
     deadline = time.monotonic() + 120
