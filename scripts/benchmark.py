@@ -32,7 +32,7 @@ main
 ├── measure                            launch, watch, parse the Epoch lines
 │   ├── sample_tree                    CPU times (and PSS/USS) of every process
 │   └── summarize                      per-batch times, CPU in the training window
-├── print_table
+├── print_rows                         the tables
 ├── measure_stages / print_stages      --stages: one rank's split, per fanout
 ├── (child) bare_loop                  the baseline, run as `benchmark.py --bare-loop`
 └── (child) stage_split                run as `benchmark.py --stage-split`
@@ -477,20 +477,24 @@ COLUMNS = [  # (title, width, format, key)
 ]
 
 
-def print_table(runs):
-    def row(cells):
+def print_rows(columns, records):
+    """A line of titles, then a line per record: the first column aligned
+    left, the others right, "-" for a figure the record lacks."""
+    def line(cells):
         first, *rest = cells
-        return "  ".join([f"{first:<{COLUMNS[0][1]}}"] + [
-            f"{cell:>{width}}" for cell, (_, width, _, _) in zip(rest, COLUMNS[1:])
+        return "  ".join([f"{first:<{columns[0][1]}}"] + [
+            f"{cell:>{width}}" for cell, (_, width, _, _) in zip(rest, columns[1:])
         ])
 
-    print(row([title for title, _, _, _ in COLUMNS]))
-    for run in runs:
+    print(line([title for title, _, _, _ in columns]))
+    for record in records:
         cells = []
-        for _, _, spec, key in COLUMNS:
-            value = run.get(key)
+        for _, _, spec, key in columns:
+            value = record.get(key)
+            if isinstance(value, list):  # a fanout
+                value = ",".join(map(str, value))
             cells.append("-" if value is None else format(value, spec))
-        print(row(cells), flush=True)
+        print(line(cells), flush=True)
 
 
 STAGE_COLUMNS = [  # (title, width, format, key)
@@ -506,16 +510,7 @@ STAGE_COLUMNS = [  # (title, width, format, key)
 def print_stages(stages):
     print("stages of one rank, 1 thread, s per batch (median); fetch gb: "
           "GraphBolt's CPU read as it comes, fetch: the example's")
-    print("  ".join(f"{title:>{width}}" for title, width, _, _ in STAGE_COLUMNS))
-    for record in stages:
-        cells = []
-        for _, width, spec, key in STAGE_COLUMNS:
-            value = record.get(key)
-            if key == "fanout":
-                value = ",".join(map(str, value))
-            cell = "-" if value is None else format(value, spec)
-            cells.append(f"{cell:>{width}}")
-        print("  ".join(cells), flush=True)
+    print_rows(STAGE_COLUMNS, stages)
 
 
 def add_ratios(runs):
@@ -806,7 +801,7 @@ def main(argv=None):
     records = [best_of(results) for results in repeats]
     add_ratios(records)
     if records:
-        print_table(records)
+        print_rows(COLUMNS, records)
     stages = measure_stages(args) if args.stages else []
     if stages:
         print_stages(stages)

@@ -10,6 +10,7 @@ import multiprocessing.resource_tracker
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -165,6 +166,17 @@ def make_synthetic(out_dir, *extra):
     )
     return str(out_dir)
 
+
+
+def missing_prerequisite():
+    """Why simulated machines (network and mount namespaces) cannot be made
+    here, or None when they can."""
+    if os.geteuid() != 0:
+        return "simulated machines need root (network and mount namespaces)"
+    for tool in ("ip", "unshare", "nsenter", "setpriv"):
+        if shutil.which(tool) is None:
+            return f"simulated machines need {tool} (iproute2, util-linux)"
+    return None
 
 @pytest.fixture(scope="session")
 def synthetic(tmp_path_factory):

@@ -16,7 +16,6 @@ CI=true, where a missing prerequisite fails the test instead.
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +25,8 @@ import time
 import psutil
 import pytest
 import torch
+
+from conftest import missing_prerequisite
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(REPO, "scripts")
@@ -53,15 +54,6 @@ EPOCH_LINE = re.compile(
     re.MULTILINE,
 )
 TEST_LINE = re.compile(r"^Test Accuracy (\d\.\d{4})$", re.MULTILINE)
-
-
-def missing_prerequisite():
-    if os.geteuid() != 0:
-        return "simulated machines need root (network and mount namespaces)"
-    for tool in ("ip", "unshare", "nsenter", "setpriv"):
-        if shutil.which(tool) is None:
-            return f"simulated machines need {tool} (iproute2, util-linux)"
-    return None
 
 
 @pytest.fixture

@@ -56,6 +56,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from conftest import missing_prerequisite
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md"] + sorted(
     os.path.relpath(path, REPO)
@@ -277,16 +279,6 @@ def output_mismatch(segments, stdout, tolerances):
     return None
 
 
-def missing_prerequisite():
-    """Why simulated machines cannot run here (None: they can)."""
-    if os.geteuid() != 0:
-        return "needs root (network and mount namespaces)"
-    for tool in ("ip", "unshare", "nsenter", "setpriv"):
-        if shutil.which(tool) is None:
-            return f"needs {tool} (iproute2, util-linux)"
-    return None
-
-
 @dataclass
 class DocRun:
     """The fresh directory and the blocks run in it so far, in order."""
@@ -324,7 +316,7 @@ class DocRun:
             reason = missing_prerequisite()
             if reason is not None:
                 if os.environ.get("CI") == "true":
-                    return (f"CI=true but the block {reason}", "", "", 0.0)
+                    return (f"CI=true but {reason}", "", "", 0.0)
                 return ("skip", reason)
         return self.execute(block, ["bash", "-e", "-o", "pipefail", "-c", script])
 
