@@ -596,7 +596,8 @@ def test_plot_metrics_names_a_missing_log(tmp_path):
 
 def _sampled_twice(rank, dataset_dir, threads):
     """Samples one seeded training epoch twice with `threads` threads, as a
-    rank does; returns what each pass sampled."""
+    rank does, then once with another seed; returns what each pass
+    sampled."""
     import node_classification as nc
 
     torch.set_num_threads(threads)
@@ -608,9 +609,9 @@ def _sampled_twice(rank, dataset_dir, threads):
         torch.device("cpu"), "cpu", True, args, job.fanout,
     )
     passes = []
-    for _ in range(2):
-        # Rank 1's view, so no progress bar; epoch 0 of seed 7.
-        batches = gbrun.data.Batches(loader, rank + 1, "train", 7, epoch=0)
+    for seed in (7, 7, 8):
+        # Rank 1's view, so no progress bar; epoch 0.
+        batches = gbrun.data.Batches(loader, rank + 1, "train", seed, epoch=0)
         # Input node ids, and each layer's edges in the ids the batch uses.
         passes.append([
             [data.input_nodes, *(torch.stack(b.edges()) for b in data.blocks)]
@@ -624,8 +625,10 @@ def test_a_seeded_epoch_samples_the_same_batches_with_two_threads(
         small_dataset, tmp_path):
     # What makes a seeded run with --threads 2 repeatable, and a run stopped
     # inside an epoch resumable exactly: the skipped batches are sampled again.
-    [(first, second)] = run_gloo_group(
+    [(first, second, other_seed)] = run_gloo_group(
         _sampled_twice, 1, tmp_path, small_dataset, 2)
-    assert len(first) == len(second) == 1800 // 64
+    assert len(first) == len(second) == len(other_seed) == 1800 // 64
     for a, b in zip(first, second):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
+    # The seed reaches the sampling itself, not only the model's start.
+    assert not torch.equal(first[0][0], other_seed[0][0])
