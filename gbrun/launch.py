@@ -7,12 +7,14 @@ example's `run(rank, plan, args, job, stop)` through run_rank, which reports
 its failure and tears its process group down.
 """
 import datetime
+import multiprocessing.connection
 import os
 import pickle
 import random
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -328,8 +330,7 @@ def spawn(run, plan, args, job):
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
     try:
-        while not context.join():
-            pass
+        join_ranks(context)
     except mp.ProcessRaisedException:
         # mp.spawn has already stopped the other ranks; each failed rank
         # printed its traceback.
@@ -341,6 +342,36 @@ def spawn(run, plan, args, job):
         sys.exit(f"error: training failed: {error}")
     # Every rank ended well: done, also if a signal came too late to stop
     # training (during the last epoch's validation or the test).
+
+
+# After a rank fails, how long the others have to end on their own (a lost
+# peer makes them fail too, each printing its own cause) before being killed.
+RANK_GRACE_S = 10
+
+
+def join_ranks(context, grace_s=RANK_GRACE_S):
+    """mp.spawn's join, raising as it does when a rank failed, and sure to
+    end the other ranks then: join() only sends them SIGTERM, which a rank
+    takes as a stop request, and waits for them, so a rank hung after its
+    peer died (in gloo's teardown, say) would keep the job alive for ever.
+    Once a rank has failed the others get `grace_s`, then SIGKILL."""
+    processes = context.processes
+    alive = list(processes)
+    while alive and not any(p.exitcode for p in processes):
+        multiprocessing.connection.wait([p.sentinel for p in alive])
+        alive = [p for p in processes if p.exitcode is None]
+    if alive:
+        def kill_survivors():
+            for process in alive:
+                if process.is_alive():
+                    process.kill()
+
+        timer = threading.Timer(grace_s, kill_survivors)
+        timer.daemon = True
+        timer.start()
+    # The failed rank is the one ended by now, so join() reports its cause.
+    while not context.join():
+        pass
 
 
 def run_rank(rank, run, plan, args, job, stop_request=None):

@@ -301,6 +301,46 @@ def test_a_killed_rank_fails_the_job_promptly(small_dataset):
         kill_session(job)
 
 
+
+def _fails_or_hangs(rank):
+    if rank == 1:
+        raise RuntimeError("rank 1 fails")
+    # As a rank does (StopSignal): SIGTERM is a stop request, not the end;
+    # then hung, as a rank can be in gloo's teardown after its peer died.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    time.sleep(600)
+
+
+@pytest.mark.slow
+def test_a_failed_rank_ends_one_that_takes_sigterm_as_a_stop_request():
+    import threading
+
+    import torch.multiprocessing as mp
+
+    import gbrun.launch as launch
+
+    context = mp.spawn(_fails_or_hangs, nprocs=2, join=False)
+    raised = []
+
+    def join():
+        try:
+            launch.join_ranks(context, grace_s=1)
+        except mp.ProcessRaisedException as error:
+            raised.append(str(error))
+
+    try:
+        joiner = threading.Thread(target=join, daemon=True)
+        joiner.start()
+        # mp.spawn's join alone would wait for rank 0 for ever.
+        joiner.join(timeout=30)
+        assert not joiner.is_alive(), "join_ranks left a hung rank running"
+        assert [p.exitcode for p in context.processes] == [-signal.SIGKILL, 1]
+        # The cause reported is the failed rank's, not the killed one's.
+        assert len(raised) == 1 and "rank 1 fails" in raised[0]
+    finally:
+        for process in context.processes:
+            process.kill()
+
 def rewrite_metadata(dataset, tmp_path, edit):
     copy = str(tmp_path / "edited")
     shutil.copytree(dataset, copy, ignore=shutil.ignore_patterns(
