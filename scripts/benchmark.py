@@ -669,13 +669,6 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.batches < 1 or args.batch_size < 1 or args.repeat < 1:
         parser.error("--batches, --batch-size and --repeat must be at least 1")
-    num_layers = model_layers()
-    for fanout in [args.fanout] + (args.stages or []):
-        if len(fanout) != num_layers or 0 in fanout:
-            parser.error(
-                f"--fanout '{','.join(map(str, fanout))}' needs {num_layers}"
-                " positive values, one per layer of the example's model"
-            )
     if args.no_runs and not args.stages:
         parser.error("--no-runs needs --stages")
     if any(r < 1 for r in args.ranks) or any(t < 1 for t in args.threads):
@@ -688,6 +681,14 @@ def parse_args(argv=None):
     for item in args.env:
         if "=" not in item:
             parser.error(f"--env '{item}': expected NAME=VALUE")
+    # Last: the example's model takes importing torch and DGL (seconds).
+    num_layers = model_layers()
+    for fanout in [args.fanout] + (args.stages or []):
+        if len(fanout) != num_layers or 0 in fanout:
+            parser.error(
+                f"--fanout '{','.join(map(str, fanout))}' needs {num_layers}"
+                " positive values, one per layer of the example's model"
+            )
     return args
 
 

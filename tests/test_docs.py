@@ -388,6 +388,7 @@ def docrun(tmp_path_factory):
 BLOCKS = all_blocks()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
 def test_doc_block(docrun, block):
     result = docrun.run_through(docrun.blocks[block.index])

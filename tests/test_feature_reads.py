@@ -1,6 +1,7 @@
 """CPU ranks read node features with torch.index_select (dgl 2.1.0's own CPU
 read is advanced indexing, several times slower on large batches): the same
 rows, so a seeded run is unchanged, and GraphBolt's read is not used."""
+import pytest
 import torch
 
 import dgl.graphbolt as gb
@@ -46,6 +47,7 @@ def _read_both_ways(rank, dataset_dir):
     return passes, kinds, placed.keys() == job.dataset.feature.keys()
 
 
+@pytest.mark.slow
 def test_cpu_ranks_fetch_the_same_rows_with_torch_index_select(
         small_dataset, tmp_path):
     [(passes, kinds, same_keys)] = run_gloo_group(

@@ -30,6 +30,7 @@ MESSAGES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("install", list(FAKES))
 def test_a_broken_install_is_one_line(install, tmp_path):
     (tmp_path / "sitecustomize.py").write_text(FAKES[install])
@@ -43,6 +44,7 @@ def test_a_broken_install_is_one_line(install, tmp_path):
     assert MESSAGES[install] in error and len(error.splitlines()) == 1, error
 
 
+@pytest.mark.slow
 def test_a_dev_shm_too_small_for_the_dataset_is_one_line(small_dataset):
     # A 256 KB /dev/shm in a mount namespace of its own, as Docker gives a
     # container 64 MB: the ranks' copy of the data would not fit, and

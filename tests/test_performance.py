@@ -209,8 +209,11 @@ def test_benchmark_measures_bare_loop_and_script(small_dataset, tmp_path):
     "extra,message",
     [
         ([], "has no metadata.yaml"),
-        (["--fanout", "5,5"], "--fanout '5,5' needs 3 positive values"),
-        (["--stages", "5,5"], "--fanout '5,5' needs 3 positive values"),
+        # These two import the example's model (torch, DGL): seconds each.
+        pytest.param(["--fanout", "5,5"], "--fanout '5,5' needs 3 positive values",
+                     marks=pytest.mark.slow),
+        pytest.param(["--stages", "5,5"], "--fanout '5,5' needs 3 positive values",
+                     marks=pytest.mark.slow),
         (["--no-runs"], "--no-runs needs --stages"),
         (["--ranks", "0"], "--ranks and --threads must be at least 1"),
     ],
