@@ -332,8 +332,8 @@ def spawn(run, plan, args, job):
     try:
         join_ranks(context)
     except mp.ProcessRaisedException:
-        # mp.spawn has already stopped the other ranks; each failed rank
-        # printed its traceback.
+        # join_ranks has ended the other ranks; each failed rank printed its
+        # traceback.
         sys.exit("error: training failed; each failing rank's error is above")
     except mp.ProcessExitedException as error:
         if stop_request.value:

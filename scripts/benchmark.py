@@ -78,6 +78,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -215,12 +216,13 @@ def stage_split(args):
         x = timed("fetch", example.read, *key, ids)
         timed("compute", step, data, x)
         del data, x
-    median = {stage: sorted(t[1:])[len(t[1:]) // 2] for stage, t in times.items()}
+    # Medians without the warm-up batch.
     print(json.dumps({
         "fanout": args.fanout,
         "threads": args.threads[0],
-        "input_nodes": sorted(input_nodes[1:])[len(input_nodes[1:]) // 2],
-        **{f"{stage}_s": value for stage, value in median.items()},
+        "input_nodes": statistics.median_high(input_nodes[1:]),
+        **{f"{stage}_s": statistics.median_high(t[1:])
+           for stage, t in times.items()},
     }), flush=True)
 
 
@@ -800,6 +802,7 @@ def main(argv=None):
         for run, results in zip(runs, repeats):
             results.append(run_once(args, *run))
     records = [best_of(results) for results in repeats]
+    all_runs = [r for results in repeats for r in results]
     add_ratios(records)
     if records:
         print_rows(COLUMNS, records)
@@ -818,13 +821,12 @@ def main(argv=None):
                     "cores": os.cpu_count(),
                     "runs": records,
                     "stages": stages,
-                    "all_runs": [r for results in repeats for r in results],
+                    "all_runs": all_runs,
                 },
                 f,
                 indent=1,
             )
-    if any(r["exit_code"] != 0
-           for r in [r for results in repeats for r in results] + stages):
+    if any(r["exit_code"] != 0 for r in all_runs + stages):
         sys.exit(1)
 
 

@@ -167,7 +167,6 @@ def make_synthetic(out_dir, *extra):
     return str(out_dir)
 
 
-
 def missing_prerequisite():
     """Why simulated machines (network and mount namespaces) cannot be made
     here, or None when they can."""
@@ -177,6 +176,7 @@ def missing_prerequisite():
         if shutil.which(tool) is None:
             return f"simulated machines need {tool} (iproute2, util-linux)"
     return None
+
 
 @pytest.fixture(scope="session")
 def synthetic(tmp_path_factory):
@@ -263,6 +263,15 @@ def cleans_up_after_others(process):
             "multiprocessing.resource_tracker" in " ".join(process.cmdline()))
     except psutil.Error:
         return False
+
+
+def gone(pid):
+    """True once `pid` has exited (a zombie has: only its parent's wait is
+    missing)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def kill_session(process):

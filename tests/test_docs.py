@@ -48,7 +48,6 @@ import glob
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -56,7 +55,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from conftest import missing_prerequisite
+from conftest import gone, kill_session, missing_prerequisite
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md"] + sorted(
@@ -347,14 +346,6 @@ class DocRun:
         return (status, out, err, time.monotonic() - start)
 
 
-def kill_session(process):
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    process.wait()
-
-
 def fresh_copy(destination):
     """The repository's tracked files (as they are in the work tree)."""
     listed = subprocess.run(
@@ -557,15 +548,10 @@ def test_background_commands_are_waited_for_and_killed_at_the_deadline(
 
 
 def alive(pid, wait=5):
-    """True if `pid` still runs after `wait` seconds (a zombie has ended)."""
-    import psutil
-
+    """True if `pid` still runs after `wait` seconds."""
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.NoSuchProcess:
+        if gone(pid):
             return False
         time.sleep(0.05)
     return True

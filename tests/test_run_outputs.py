@@ -25,6 +25,7 @@ from conftest import (
     SCRIPTS,
     epoch_lines,
     finish,
+    gone,
     kill_session,
     read_until,
     reported_test_accuracy,
@@ -338,15 +339,6 @@ if __name__ == "__main__":
     time.sleep(5)
     print("still running", flush=True)
 """
-
-
-def gone(pid):
-    """True once `pid` has exited (a zombie has: only its parent's wait is
-    missing)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 @pytest.mark.slow
