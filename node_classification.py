@@ -44,9 +44,9 @@ main
 """
 import argparse
 
-import gbrun  # first: it says in one line if DGL's GraphBolt cannot load
+import gbrun
+from gbrun.graphbolt import gb  # first: one line if GraphBolt cannot load
 
-import dgl.graphbolt as gb
 import dgl.nn as dglnn
 import torch
 import torch.distributed as dist
@@ -55,11 +55,15 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-# The dataset's names: the node feature the model reads, and the node
-# feature with each node's class (used where a task's item sets carry no
-# labels of their own).
-FEATURE_KEY = "feat"
+# The dataset's names: the node features the model reads (side by side),
+# and the node feature with each node's label (used where a task's item
+# sets carry no labels of their own).
+FEATURE_KEYS = ["feat"]
 LABEL_KEY = "label"
+# What a label is: "class", one class per node (cross-entropy), or
+# "multi-hot", a 0/1 entry per class (multi-label; docs/customising.md).
+# Labels of another shape or range are refused before training starts.
+LABELS = "class"
 HIDDEN_SIZE = 256
 # The evaluation metric's name in the epoch line, metrics.jsonl and plots.
 METRIC = "Accuracy"
@@ -100,21 +104,30 @@ def create_optimizer(model, args):
     return optimizer, scheduler
 
 
-def resume_key(model, args, fanout):
+def resume_key(model, optimizer, scheduler, args, fanout):
     """What a checkpoint must agree on to be resumed, derived from the model
     itself (its class and constructor arguments, as its repr shows them, and
-    every parameter's shape) and from what shapes the data: a checkpoint of
-    anything else is refused in one line before a rank starts."""
+    every parameter's shape), the optimizer and scheduler (class and
+    hyperparameters) and what shapes the data: a checkpoint of anything else
+    is refused in one line before a rank starts."""
     return {
         "model": {
             "repr": repr(model),
             "shapes": {k: list(v.shape) for k, v in model.state_dict().items()},
         },
+        "optimizer": gbrun.settings(optimizer),
+        "scheduler": gbrun.settings(scheduler),
         "dataset": gbrun.dataset_identity(args.dataset),
         "fanout": fanout,
         "precision": args.precision,
-        "lr": args.lr,
     }
+
+
+def node_features(data):
+    """The model's input for a mini-batch: the FEATURE_KEYS features of its
+    input nodes, side by side (one key is passed on as it is, uncopied)."""
+    features = [data.node_features[key] for key in FEATURE_KEYS]
+    return features[0] if len(features) == 1 else torch.cat(features, dim=1)
 
 
 def create_dataloader(graph, features, itemset, device, storage, is_train, args,
@@ -145,7 +158,7 @@ def create_dataloader(graph, features, itemset, device, storage, is_train, args,
         graph, fanout, **options["sample_neighbor"]
     )
     datapipe = datapipe.fetch_feature(
-        features, node_feature_keys=[FEATURE_KEY], **options["fetch_feature"]
+        features, node_feature_keys=FEATURE_KEYS, **options["fetch_feature"]
     )
     # GraphBolt's DataLoader runs everything before copy_to in a prefetch
     # thread, overlapping sampling with a GPU's training. CPU ranks sample
@@ -173,13 +186,13 @@ def weighted_reduce(tensor, weight, dst=0):
 @torch.no_grad()
 def evaluate(model, dataloader, num_classes, state, name):
     """The metric over every item of `dataloader`, exact across ranks (on
-    rank 0). Counting correct predictions, instead of concatenating them,
-    works when a rank receives no items at all."""
+    rank 0). Counting correct predictions (in int64: exact at any size),
+    instead of concatenating them, works when a rank receives no items."""
     model.eval()
-    num_correct = torch.tensor(0.0, device=state.device)
+    num_correct = torch.tensor(0, device=state.device)
     num_items = 0
     for data in state.batches(dataloader, name):
-        x = data.node_features[FEATURE_KEY]
+        x = node_features(data)
         with torch.autocast(state.device.type, torch.bfloat16,
                             enabled=state.autocast):
             # Call the wrapped module: no DDP hooks, no collectives.
@@ -190,9 +203,13 @@ def evaluate(model, dataloader, num_classes, state, name):
     return weighted_reduce(num_correct, num_items)
 
 
-def train(rank, model, optimizer, scheduler, train_loader, valid_loader, state):
+def train(rank, args, model, optimizer, scheduler, train_loader, valid_loader,
+          state):
     """Trains from where `state` starts; returns 0, or the signal that
-    stopped training (a resumable checkpoint is then saved)."""
+    stopped training (a resumable checkpoint is then saved). Values of your
+    own that must survive a stop and --resume (the best metric so far,
+    early-stopping patience) go in the dict `state.kept`: each checkpoint
+    saves rank 0's, and --resume gives it back to every rank."""
     num_classes, device = state.job.num_classes, state.device
     for epoch in state.epochs():
         epoch_start = gbrun.synchronized_time(device)
@@ -214,7 +231,7 @@ def train(rank, model, optimizer, scheduler, train_loader, valid_loader, state):
             for data in batches:
                 # The input features are from the source nodes in the first
                 # layer's computation graph.
-                x = data.node_features[FEATURE_KEY]
+                x = node_features(data)
 
                 # The ground truth labels are from the destination nodes
                 # in the last layer's computation graph.
@@ -312,7 +329,7 @@ def run(rank, plan, args, job, stop):
     gbrun.keep_freed_memory()
     gbrun.poll_less()
     graph, features = gbrun.place_dataset(
-        job.dataset, plan.storage, device, args.gpu_cache_size, FEATURE_KEY
+        job.dataset, plan.storage, device, args.gpu_cache_size, FEATURE_KEYS
     )
 
     # Create the model; DDP keeps one replica per rank in sync.
@@ -344,7 +361,8 @@ def run(rank, plan, args, job, stop):
     if rank == 0:
         print("Training...")
     stopped_by = train(
-        rank, model, optimizer, scheduler, train_loader, valid_loader, state
+        rank, args, model, optimizer, scheduler, train_loader, valid_loader,
+        state,
     )
     if stopped_by:
         return stopped_by
@@ -369,16 +387,18 @@ def load_job(args, world_size):
     """Loads and checks, once, what every rank needs (see gbrun.Job): bad
     input is refused here, before any rank trains."""
     dataset = gbrun.load_dataset(args.dataset, args.data_root)
-    item_sets = gbrun.check_dataset(dataset, args.dataset, FEATURE_KEY, LABEL_KEY)
+    item_sets = gbrun.check_dataset(
+        dataset, args.dataset, FEATURE_KEYS, LABEL_KEY, LABELS
+    )
     gbrun.check_train_split(len(item_sets[0]), args.batch_size, world_size)
     if args.precision == "bf16":
-        gbrun.store_in_bf16(dataset, FEATURE_KEY)
-    in_size = dataset.feature.size(*gbrun.node_key(FEATURE_KEY))[0]
+        gbrun.store_in_bf16(dataset, FEATURE_KEYS)
+    in_size = gbrun.feature_size(dataset, FEATURE_KEYS)
     num_classes = dataset.tasks[0].metadata["num_classes"]
     # Built here once to size the fanout and key the checkpoint.
     model = create_model(in_size, num_classes)
     fanout = gbrun.check_fanout(args.fanout, len(model.layers))
-    config = resume_key(model, args, fanout)
+    config = resume_key(model, *create_optimizer(model, args), args, fanout)
     checkpoint, seed = gbrun.open_checkpoint(args, config, world_size)
     return gbrun.Job(
         dataset, item_sets, in_size, num_classes, fanout, config, checkpoint,

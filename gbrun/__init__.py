@@ -9,22 +9,56 @@ count, the function each rank runs) as arguments.
     data        dataset loading and checks, placement, GraphBolt API shapes,
                 seeded batches
     checkpoint  the run state, checkpoint files, model.pt, metrics.jsonl
+    metrics     torchmetrics across ranks where a rank has no items
+    distributed DGL's distributed engine under the example's loop (imported
+                by the distributed trainer only)
     tuning      CPU allocator and prefetcher settings
     ondisk      the OnDiskDataset writer the dataset scripts share
 """
-from .graphbolt import INSTALL_CUDA_DGL, gb  # first: sets DGLBACKEND
-from .checkpoint import (
-    CHECKPOINT_FILE, METRICS_FILE, MODEL_FILE, Job, RunState, open_checkpoint,
-)
-from .cli import (
-    ArgumentParser, UsageError, check_fanout, fail, fanout_list, int_at_least,
-    port, positive_float,
-)
-from .data import (
-    BUILTIN_DATASETS, check_dataset, check_train_split, dataset_identity,
-    graphbolt_options, index_select_store, load_dataset, node_key, place_dataset,
-    store_in_bf16,
-    synchronized_time,
-)
-from .launch import MODES, barrier, launch_ranks, load_job_in_turn, plan_run
-from .tuning import keep_freed_memory, poll_less
+import importlib
+import os
+
+# Before any import of dgl (the scripts import it after gbrun): without it,
+# importing dgl warns that no backend is configured.
+os.environ.setdefault("DGLBACKEND", "pytorch")
+
+# Cheap to import: `import gbrun.cli` (argument types, the one-line error)
+# loads no torch or DGL. The names below come from their modules on first
+# use; GraphBolt's one-line install check (graphbolt.py) runs where
+# GraphBolt is first needed.
+_NAMES = {
+    "graphbolt": ["INSTALL_CUDA_DGL", "gb"],
+    "checkpoint": ["CHECKPOINT_FILE", "METRICS_FILE", "MODEL_FILE", "Job",
+                   "RunState", "open_checkpoint", "settings"],
+    "cli": ["ArgumentParser", "UsageError", "check_fanout", "fail",
+            "fanout_list", "int_at_least", "load_example", "port",
+            "positive_float", "python_file"],
+    "data": ["BUILTIN_DATASETS", "check_dataset", "check_train_split",
+             "dataset_identity", "feature_size", "graphbolt_options",
+             "index_select_store", "load_dataset", "node_key",
+             "place_dataset", "store_in_bf16", "synchronized_time"],
+    "metrics": ["gather_all_tensors"],
+    "launch": ["MODES", "barrier", "launch_ranks", "load_job_in_turn",
+               "plan_run"],
+    "stop": ["StopSignal"],
+    "tuning": ["keep_freed_memory", "poll_less"],
+}
+_MODULE_OF = {name: module for module, names in _NAMES.items()
+              for name in names}
+_SUBMODULES = set(_NAMES) | {"distributed", "ondisk"}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'gbrun' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_MODULE_OF[name]}", __name__),
+                    name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_MODULE_OF) | _SUBMODULES)

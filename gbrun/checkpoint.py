@@ -8,6 +8,7 @@ when stopped, model.pt at the end, metrics.jsonl. Checkpoints hold tensors
 and plain data only, and load with weights_only=True.
 """
 import copy
+import inspect
 import json
 import os
 import pickle
@@ -92,20 +93,66 @@ def load_checkpoint(directory, config):
     return checkpoint
 
 
-def difference(saved, value):
+def difference(saved, value, where=""):
     """The first place where two configurations differ, on one line."""
     if isinstance(saved, dict) and isinstance(value, dict):
         for key in list(value) + [k for k in saved if k not in value]:
             if saved.get(key) != value.get(key):
-                return f"{key}: {difference(saved.get(key), value.get(key))}"
+                return difference(saved.get(key), value.get(key),
+                                  f"{where}.{key}" if where else key)
+    if (isinstance(saved, list) and isinstance(value, list)
+            and len(saved) == len(value)
+            and all(isinstance(v, dict) for v in saved + value)):
+        # An optimizer's param_groups: the first group that differs.
+        for i, (then, now) in enumerate(zip(saved, value)):
+            if then != now:
+                return difference(then, now, f"{where}[{i}]")
     if isinstance(saved, str) and isinstance(value, str):
         # A model's repr: the first line that differs.
         for then, now in zip(saved.splitlines(), value.splitlines()):
             if then != now:
                 saved, value = then.strip(), now.strip()
                 break
-    text = f"{saved!r} then, {value!r} now"
+    text = f"{where}: " * bool(where) + f"{saved!r} then, {value!r} now"
     return text if len(text) <= 160 else text[:157] + "..."
+
+
+def settings(obj):
+    """An optimizer's or LR scheduler's class and hyperparameters as plain
+    data, for the resume key (None for None): each of an optimizer's
+    param_groups without its parameters (and without what a scheduler adds
+    to it, such as initial_lr); a scheduler's constructor arguments that it
+    keeps under the same name (those that are plain data; a function, as
+    LambdaLR takes, cannot be compared)."""
+    if obj is None:
+        return None
+    described = {"class": type(obj).__name__}
+    if isinstance(obj, torch.optim.Optimizer):
+        described["param_groups"] = [
+            {k: plain(v) for k, v in group.items() if k in obj.defaults}
+            for group in obj.param_groups
+        ]
+        return described
+    skip = {"self", "optimizer", "last_epoch", "verbose"}
+    for name in inspect.signature(type(obj).__init__).parameters:
+        value = plain(getattr(obj, name, None))
+        if name not in skip and value is not None:
+            described[name] = value
+    return described
+
+
+def plain(value):
+    """`value` as numbers, strings, lists and dicts (tensors as lists), or
+    None where it is something else."""
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return None
 
 
 def unreadable(path, error):
@@ -144,15 +191,20 @@ class RunState:
     restored here from the checkpoint being resumed, exactly as saved, and
     saved by rank 0 after every epoch and when a signal stops training.
     Randomness derives from (seed, rank, epoch, step), so the seed and the
-    position are all the random state a resumed run needs."""
+    position are all the random state a resumed run needs. `kept` is the
+    example's own dict of values to keep across a resume (tensors and plain
+    data): rank 0's is saved, and every rank gets it back."""
 
-    def __init__(self, rank, args, job, stop, device, autocast, states):
+    def __init__(self, rank, args, job, stop, device, autocast, states,
+                 batches=Batches):
         self.rank, self.args, self.job = rank, args, job
+        self.make_batches = batches  # Batches, or DistBatches on a DistGraph
         self.stop, self.device, self.autocast = stop, device, autocast
         self.states = {k: v for k, v in states.items() if v is not None}
         checkpoint = job.checkpoint or {}
         self.start_epoch = checkpoint.get("epoch", 0)
         self.start_step = checkpoint.get("step", 0)
+        self.kept = copy.deepcopy(checkpoint.get("kept") or {})
         if job.checkpoint is not None:
             self._restore(job.checkpoint)
             if rank == 0:
@@ -179,7 +231,7 @@ class RunState:
         """The batches of one pass: a training epoch (`epoch` given; it
         skips the steps a stopped run already trained) or an evaluation."""
         skip = self.start_step if epoch == self.start_epoch else 0
-        return Batches(
+        return self.make_batches(
             dataloader, self.rank, name, self.job.seed, epoch, skip,
             self.args.max_batches,
         )
@@ -247,9 +299,10 @@ class RunState:
         # A stopped run also keeps each rank's loss sum and item count so far
         # (`partial`), for the epoch's average.
         checkpoint = {name: cpu_state(obj) for name, obj in self.states.items()}
+        check_plain(self.kept, "state.kept")
         checkpoint.update(
             epoch=epoch, step=step, partial=partial, seed=self.job.seed,
-            config=self.job.config,
+            config=self.job.config, kept=cpu_values(self.kept),
         )
         save_atomically(checkpoint, os.path.join(
             self.args.checkpoint_dir, CHECKPOINT_FILE))
@@ -258,16 +311,35 @@ class RunState:
 def cpu_state(obj):
     """obj.state_dict() with every tensor on the CPU, so that files saved by
     GPU ranks load on any machine."""
-    def to_cpu(value):
-        if isinstance(value, torch.Tensor):
-            return value.detach().cpu()
-        if isinstance(value, dict):
-            return {k: to_cpu(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(to_cpu(v) for v in value)
-        return value
+    return cpu_values(obj.state_dict())
 
-    return to_cpu(obj.state_dict())
+
+def cpu_values(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: cpu_values(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(cpu_values(v) for v in value)
+    return value
+
+
+def check_plain(value, where):
+    """Refuses what a checkpoint cannot hold: it loads with
+    weights_only=True, so tensors and plain data only."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_plain(item, f"{where}[{key!r}]")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_plain(item, f"{where}[{i}]")
+    elif not (value is None or isinstance(value, (bool, int, float, str,
+                                                  torch.Tensor))):
+        raise TypeError(
+            f"{where} is a {type(value).__name__}: a checkpoint holds tensors "
+            "and plain data only (numbers, strings, lists, dicts); keep a "
+            "model's state_dict(), not the model"
+        )
 
 
 def save_atomically(obj, path):

@@ -22,8 +22,9 @@ def fail(message, speak=True):
 
 
 def is_first_process(env=os.environ):
-    """Under torchrun every rank parses the same arguments: rank 0 speaks."""
-    return env.get("RANK", "0") == "0"
+    """Under torchrun every rank parses the same arguments: rank 0 speaks
+    (on DGL's distributed engine, trainer 0, not the graph servers)."""
+    return env.get("RANK", "0") == "0" and env.get("DGL_ROLE") != "server"
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -72,6 +73,38 @@ def positive_float(text):
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text} must be positive")
     return value
+
+
+def python_file(text):
+    """An existing .py file (an example to load), as an absolute path."""
+    if not (text.endswith(".py") and os.path.isfile(text)):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a Python file")
+    return os.path.abspath(text)
+
+
+# What the scripts that train or read data as the example does take from it.
+EXAMPLE_NAMES = ("FEATURE_KEYS", "LABEL_KEY", "LABELS", "METRIC",
+                 "create_model", "create_optimizer", "resume_key",
+                 "node_features", "evaluate", "train", "parse_args")
+
+
+def load_example(path, names=EXAMPLE_NAMES):
+    """The example at `path` (node_classification.py or a user's copy) as
+    a module, refused in one line if it lacks one of `names`. Importing it
+    imports torch and DGL."""
+    import importlib.util
+
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    missing = [n for n in names if not hasattr(module, n)]
+    if missing:
+        raise UsageError(
+            f"--example {path} has no {', '.join(missing)}: is it a copy of "
+            "node_classification.py?"
+        )
+    return module
 
 
 def fanout_list(text):

@@ -65,45 +65,103 @@ def dataset_identity(name_or_dir):
     return os.path.realpath(name_or_dir)
 
 
-def check_dataset(dataset, name, feature_key, label_key):
+LABEL_KINDS = ("class", "multi-hot")
+
+
+def check_dataset(dataset, name, feature_keys, label_key, labels="class"):
     """Refuses a dataset the example cannot train on, naming what is
-    missing. Returns the task's item sets (train, validation, test), each
-    with labels: the task's own, or else the node feature `label_key` of
-    each seed."""
+    missing or wrong. Returns the task's item sets (train, validation, test),
+    each with checked labels: the task's own, or else the node feature
+    `label_key` of each seed. `labels` says what a label is: "class", one
+    integer in [0, num_classes) per node (int64 for cross-entropy), or
+    "multi-hot", num_classes entries of 0 or 1 per node (float32, for
+    multi-label losses)."""
     task = dataset.tasks[0]
     if "num_classes" not in task.metadata:
         raise UsageError(
             f"dataset '{name}': task '{task.metadata.get('name', 0)}' has no "
             "num_classes in metadata.yaml"
         )
-    names = ", ".join(str(k[2]) for k in dataset.feature.keys()) or "none"
-    if node_key(feature_key) not in dataset.feature.keys():
-        raise UsageError(
-            f"dataset '{name}' has no node feature named '{feature_key}' "
-            f"(it has: {names})"
-        )
+    num_classes = int(task.metadata["num_classes"])
+    keys = dataset.feature.keys()
+    names = ", ".join(str(k[2]) for k in keys) or "none"
+    for feature_key in feature_keys:
+        if node_key(feature_key) not in keys:
+            raise UsageError(
+                f"dataset '{name}' has no node feature named '{feature_key}' "
+                f"(it has: {names})"
+            )
+        row = list(dataset.feature.size(*node_key(feature_key)))
+        if len(row) != 1:
+            raise UsageError(
+                f"dataset '{name}': node feature '{feature_key}' has rows of "
+                f"shape {row}; the model reads one vector per node"
+            )
     item_sets = []
     for split in SPLITS:
         item_set = getattr(task, split)
         if item_set is None or len(item_set) == 0:
             raise UsageError(f"dataset '{name}' has an empty {split}")
-        if "labels" not in (item_set.names or ()):
-            if node_key(label_key) not in dataset.feature.keys():
-                raise UsageError(
-                    f"dataset '{name}': the {split} has no labels and there "
-                    f"is no node feature named '{label_key}' (it has: {names})"
-                )
-            item_set = labelled(item_set, dataset.feature, label_key)
-        item_sets.append(item_set)
+        seeds = item_set[0 : len(item_set)]
+        if "labels" in (item_set.names or ()):
+            seeds, values = seeds
+            where = f"dataset '{name}': the {split}'s labels"
+        elif node_key(label_key) in keys:
+            values = dataset.feature.read(*node_key(label_key), seeds)
+            where = (f"dataset '{name}': node feature '{label_key}' (the "
+                     f"{split}'s labels)")
+        else:
+            raise UsageError(
+                f"dataset '{name}': the {split} has no labels and there "
+                f"is no node feature named '{label_key}' (it has: {names})"
+            )
+        values = checked_labels(values, num_classes, labels, where)
+        item_sets.append(
+            gb.ItemSet((torch.as_tensor(seeds), values),
+                       names=("seed_nodes", "labels"))
+        )
     return tuple(item_sets)
 
 
-def labelled(item_set, features, label_key):
-    """An item set of seed nodes with their labels from the feature store,
-    read once here instead of for every batch."""
-    seeds = torch.as_tensor(item_set[0 : len(item_set)])
-    labels = features.read(*node_key(label_key), seeds).reshape(-1).long()
-    return gb.ItemSet((seeds, labels), names=("seed_nodes", "labels"))
+def checked_labels(values, num_classes, kind, where):
+    """The labels as the loss takes them, or one line saying what they are
+    instead (shape, dtype, range): never a silent reinterpretation."""
+    values = torch.as_tensor(values)
+    shape, dtype = list(values.shape), str(values.dtype).replace("torch.", "")
+    if kind == "class":
+        if values.dim() == 2 and values.size(1) == 1:
+            values = values[:, 0]  # one column: one class per node
+        expected = f"one integer class in [0, {num_classes}) per node"
+        fits = values.dim() == 1 and values.dtype in INTEGER_DTYPES
+        converted = values.long()
+    elif kind == "multi-hot":
+        expected = f"{num_classes} entries of 0 or 1 per node (multi-hot)"
+        fits = values.dim() == 2 and values.size(1) == num_classes
+        converted = values.float()
+    else:
+        raise ValueError(f"labels must be one of {LABEL_KINDS}, not {kind!r}")
+    if fits and values.numel():
+        low, high = values.min().item(), values.max().item()
+        fits = (0 <= low and high < num_classes if kind == "class"
+                else bool(((values == 0) | (values == 1)).all()))
+        if not fits:
+            dtype += f" with values in [{low}, {high}]"
+    if not fits:
+        raise UsageError(
+            f"{where} have shape {shape} and dtype {dtype}, but the example "
+            f"takes {expected} (LABELS = '{kind}' in the example; "
+            "docs/customising.md shows a multi-label edit)"
+        )
+    return converted
+
+
+INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32,
+                  torch.int64)
+
+
+def feature_size(dataset, feature_keys):
+    """The model's input width: the features `feature_keys`, side by side."""
+    return sum(dataset.feature.size(*node_key(key))[0] for key in feature_keys)
 
 
 def check_train_split(num_train_items, batch_size, world_size):
@@ -121,11 +179,13 @@ def check_train_split(num_train_items, batch_size, world_size):
         )
 
 
-def store_in_bf16(dataset, feature_key):
-    """--precision bf16: the feature converted once, where the data is
-    loaded; the ranks share this copy and the fp32 one is released."""
-    key = node_key(feature_key)
-    dataset.feature.update(*key, dataset.feature.read(*key).to(torch.bfloat16))
+def store_in_bf16(dataset, feature_keys):
+    """--precision bf16: the features the model reads, converted once where
+    the data is loaded; the ranks share this copy and the fp32 one is
+    released."""
+    for key in map(node_key, feature_keys):
+        dataset.feature.update(
+            *key, dataset.feature.read(*key).to(torch.bfloat16))
 
 
 def _accepts(callable_, name):
@@ -167,9 +227,10 @@ def graphbolt_options(device, storage):
     return options
 
 
-def place_dataset(dataset, storage, device, gpu_cache_size, feature_key):
+def place_dataset(dataset, storage, device, gpu_cache_size, feature_keys):
     """Puts the graph and features where --mode says; with pinned features,
-    optionally fronts them with a GPU cache of `gpu_cache_size` bytes."""
+    optionally fronts those the model reads (`feature_keys`) with GPU caches
+    of `gpu_cache_size` bytes in all (see gpu_cached_store)."""
     if storage == "cuda":
         return dataset.graph.to(device), dataset.feature.to(device)
     if storage == "cpu":
@@ -188,14 +249,25 @@ def place_dataset(dataset, storage, device, gpu_cache_size, feature_key):
             "they fit in GPU memory"
         ) from None
     if gpu_cache_size > 0:
-        # The loader fetches one feature: a store of that feature alone,
-        # cached, works with every GraphBolt release's public API.
-        key = node_key(feature_key)
-        feature = gb.TorchBasedFeature(features.read(*key))
-        features = gb.BasicFeatureStore(
-            {key: make_gpu_cache(feature, gpu_cache_size)}
-        )
+        features = gpu_cached_store(features, feature_keys, gpu_cache_size)
     return graph, features
+
+
+def gpu_cached_store(features, feature_keys, cache_bytes):
+    """A store of the features the loader fetches, each behind a GPU cache
+    (public API on every GraphBolt release). The bytes are shared in
+    proportion to row sizes: every cache then holds as many rows, and a
+    batch reads the same nodes from each feature."""
+    keys = [node_key(key) for key in feature_keys]
+    tensors = {key: features.read(*key) for key in keys}
+    row_bytes = {key: t[0].numel() * t.element_size()
+                 for key, t in tensors.items()}
+    total = sum(row_bytes.values())
+    return gb.BasicFeatureStore({
+        key: make_gpu_cache(gb.TorchBasedFeature(tensor),
+                            cache_bytes * row_bytes[key] // total)
+        for key, tensor in tensors.items()
+    })
 
 
 class IndexSelectFeature(gb.Feature):
@@ -254,14 +326,15 @@ def item_sampler_of(dataloader):
 
 
 class Batches:
-    """A DataLoader's mini-batches for one pass, at most `limit` of them,
+    """A data loader's mini-batches for one pass, at most `limit` of them,
     with a progress bar on rank 0; counts the steps and the host time spent
     waiting for data (`step`: batches handed out so far, skipped ones
-    included). Under a seed, every pass samples serially (see
-    sample_serially), and a training pass (`epoch` given) derives its
+    included). A training pass (`epoch` given) under a seed derives its
     shuffling and sampling from (seed, rank, epoch) and each step's dropout
     from (seed, rank, epoch, step), after skipping the `skip` batches a
-    stopped run already trained: a run repeats, and resumes at any step."""
+    stopped run already trained: a run repeats, and resumes at any step.
+    This class reads a GraphBolt DataLoader (see source); the distributed
+    trainer's DistBatches reads a DistGraph."""
 
     def __init__(self, dataloader, rank, name, seed=None, epoch=None, skip=0,
                  limit=None):
@@ -271,20 +344,26 @@ class Batches:
         self.step, self.limit = skip, limit
         self.data_wait = 0.0
 
-    def __iter__(self):
+    def source(self):
+        """(this pass's batches from batch `step` on, at most `limit` in
+        all; rank 0's number of them, for the progress bar). Under a seed,
+        every pass samples serially (see sample_serially)."""
         item_sampler = item_sampler_of(self.dataloader)
         seeded = self.seed is not None
-        training = seeded and self.epoch is not None
-        if training:
+        if seeded and self.epoch is not None:
             seed_epoch(self.seed, self.rank, self.epoch, item_sampler)
         batches = sample_serially(self.dataloader) if seeded else self.dataloader
         batches = itertools.islice(batches, self.step, self.limit)
+        return batches, rank0_batches(item_sampler, self.limit)
+
+    def __iter__(self):
+        batches, total = self.source()
         if self.rank == 0:
-            total = rank0_batches(item_sampler, self.limit)
             batches = tqdm.tqdm(
                 batches, desc=self.name, total=total, initial=self.step
             )
         batches = iter(batches)
+        training = self.seed is not None and self.epoch is not None
         while True:
             start = time.time()
             data = next(batches, None)

@@ -4,8 +4,6 @@ dgl 2.1-2.3 have no GraphBolt library for a torch they were not built for."""
 import os
 import sys
 
-# Without this, importing dgl warns that no backend is configured.
-os.environ.setdefault("DGLBACKEND", "pytorch")
 
 # PyPI's torch 2.2.1 is a CUDA 12.1 build, PyPI's dgl a CPU-only one. DGL's
 # CUDA build of the same release comes from DGL's own wheel index.

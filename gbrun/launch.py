@@ -107,33 +107,44 @@ def cpu_has_bf16():
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def plan_run(args, env=os.environ, machine=None):
+def plan_run(args, env=os.environ, machine=None, distributed=False):
     """The one place that decides devices, backend, world size, rendezvous
     and threads. Everything it needs comes in as arguments (the Machine:
     torch's CUDA, DGL's CUDA) so that every case can be checked without a
-    GPU."""
+    GPU. `distributed`: for a trainer on DGL's distributed engine, whose
+    graph and features stay on the graph servers (CPU storage), started as
+    torchrun starts a rank (RANK, WORLD_SIZE, LOCAL_RANK)."""
     machine = machine or detect_machine(args.precision)
     cuda_available, dgl_cuda = machine.cuda, machine.dgl_cuda
     num_cuda_devices, num_cores = machine.num_gpus, machine.num_cores
+    torchrun = all(key in env for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     mode, notices = args.mode, []
     if mode == "auto":
-        mode = "pinned-cuda" if cuda_available and dgl_cuda else "cpu-cpu"
+        gpu_mode = "cpu-cuda" if distributed else "pinned-cuda"
+        mode = gpu_mode if cuda_available and dgl_cuda else "cpu-cpu"
+        processes = ("trainer" if distributed else
+                     "torchrun rank" if torchrun else "--gpu entry")
         if not cuda_available:
             notices.append(
                 "CUDA is not available: using --mode cpu-cpu "
-                "(one CPU process per --gpu entry, gloo backend)."
+                f"(one CPU process per {processes}, gloo backend)."
             )
         elif not dgl_cuda:
             notices.append(
                 f"torch sees {num_cuda_devices} GPU(s), but this DGL is a "
                 "CPU-only build: using --mode cpu-cpu (one CPU process per "
-                f"--gpu entry, gloo backend). To train on the GPUs: "
+                f"{processes}, gloo backend). To train on the GPUs: "
                 f"{INSTALL_CUDA_DGL}"
             )
     storage, train_device = mode.split("-")
     check_mode(args, mode, machine)
+    if distributed and storage != "cpu":
+        raise UsageError(
+            f"--mode {mode}: on DGL's distributed engine the graph and "
+            "features stay on the graph servers; use --mode cpu-cuda, "
+            "cpu-cpu or auto"
+        )
 
-    torchrun = all(key in env for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     if torchrun:
         # torchrun starts one process per rank; the device is LOCAL_RANK.
         rank, local_rank = int(env["RANK"]), int(env["LOCAL_RANK"])
@@ -150,6 +161,14 @@ def plan_run(args, env=os.environ, machine=None):
 
     if train_device == "cuda":
         missing = [i for i in device_ids if i >= num_cuda_devices]
+        if missing and distributed:
+            raise UsageError(
+                f"{int(env.get('LOCAL_WORLD_SIZE', missing[0] + 1))} "
+                f"trainers on this machine, one per GPU, but it has "
+                f"{num_cuda_devices} CUDA device(s): start at most "
+                f"{num_cuda_devices} trainers per machine, or train on the "
+                "CPU (--mode cpu-cpu)"
+            )
         if missing:
             raise UsageError(
                 f"GPU {missing[0]} does not exist: {num_cuda_devices} CUDA "
@@ -336,14 +355,27 @@ def spawn(run, plan, args, job):
         # traceback.
         sys.exit("error: training failed; each failing rank's error is above")
     except mp.ProcessExitedException as error:
-        if stop_request.value:
+        signum = stop_request.value or stopped_by_their_own(context.processes)
+        if signum:
             # Stopped on request; rank 0 said where and how to resume.
-            sys.exit(128 + stop_request.value)
+            sys.exit(128 + signum)
         sys.exit(f"error: training failed: {error}")
     # Every rank ended well: done, also if a signal came too late to stop
     # training (during the last epoch's validation or the test).
 
 
+def stopped_by_their_own(processes):
+    """The signal every rank stopped on, where one took a signal of its own
+    (a scheduler that signals one process of the job) and the launcher got
+    none: all ranks agreed and exited with 128 + its number. Else 0."""
+    for process in processes:
+        process.join()  # join_ranks kills one that would not end
+    codes = {process.exitcode for process in processes}
+    signum = codes.pop() - 128 if len(codes) == 1 else 0
+    return signum if signum in (signal.SIGTERM, signal.SIGINT) else 0
+
+
+STOP_CODES = {128 + signal.SIGTERM, 128 + signal.SIGINT}
 # After a rank fails, how long the others have to end on their own (a lost
 # peer makes them fail too, each printing its own cause) before being killed.
 RANK_GRACE_S = 10
@@ -354,11 +386,17 @@ def join_ranks(context, grace_s=RANK_GRACE_S):
     end the other ranks then: join() only sends them SIGTERM, which a rank
     takes as a stop request, and waits for them, so a rank hung after its
     peer died (in gloo's teardown, say) would keep the job alive for ever.
-    Once a rank has failed the others get `grace_s`, then SIGKILL."""
+    Once a rank has failed the others get `grace_s`, then SIGKILL. A rank
+    that stopped on a signal (128 + its number) is not a failure: the
+    others, stopping at the same step, get `grace_s` to end on their own
+    before join() would signal them in the middle of their exit."""
     processes = context.processes
     alive = list(processes)
     while alive and not any(p.exitcode for p in processes):
         multiprocessing.connection.wait([p.sentinel for p in alive])
+        alive = [p for p in processes if p.exitcode is None]
+    if alive and {p.exitcode for p in processes} - {None} <= STOP_CODES:
+        multiprocessing.connection.wait([p.sentinel for p in alive], grace_s)
         alive = [p for p in processes if p.exitcode is None]
     if alive:
         def kill_survivors():

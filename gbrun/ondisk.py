@@ -5,15 +5,18 @@ and `make_synthetic_dataset.py` are thin command lines around it.
 
     write_ondisk_dataset(out_dir, edges, features, labels, train, val, test)
     |- validate_inputs      every check, before anything touches the disk
-    |- print_warnings       isolated nodes, classes missing from the train set
+    |- find_warnings        isolated nodes, classes missing from the train set
     `- _write_atomically    temp dir next to out_dir, then rename into place
 
-Layout written (all node ids int64, features float32, labels int64):
+Layout written (all node ids int64, features float32, class labels int64,
+multi-hot labels float32):
 
     out_dir/metadata.yaml
     out_dir/edges.npy                 shape (2, E): row 0 = src, row 1 = dst
     out_dir/node_feat.npy             shape (N, F), node feature "feat"
-    out_dir/node_label.npy            shape (N,),   node feature "label"
+    out_dir/node_feat_<k>.npy         shape (N, F_k), the k-th extra feature
+    out_dir/node_label.npy            shape (N,) or multi-hot (N, C),
+                                      node feature "label"
     out_dir/{train,valid,test}_seed_nodes.npy and _labels.npy
 
 Load it with `gb.OnDiskDataset(out_dir).load()`. GraphBolt then adds a
@@ -182,12 +185,16 @@ def check_features(features, names):
 
 
 def check_labels(labels, num_nodes, num_classes, names):
-    """Labels must be N non-negative integers below num_classes; returns C."""
+    """Labels are N integers in [0, num_classes), or a multi-hot (N, C)
+    array of 0s and 1s (several labels per node); returns C."""
     where = names["labels"]
     labels = np.asanyarray(labels)
+    if labels.ndim == 2:
+        return check_multi_hot(labels, num_nodes, num_classes, names)
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
         raise DatasetError(
-            f"{where}: expected a 1-D integer array, got dtype {labels.dtype} shape {labels.shape}"
+            f"{where}: expected a 1-D integer array (one class per node) or a "
+            f"2-D multi-hot array of 0/1, got dtype {labels.dtype} shape {labels.shape}"
         )
     if labels.shape[0] != num_nodes:
         raise DatasetError(
@@ -206,6 +213,44 @@ def check_labels(labels, num_nodes, num_classes, names):
             f"{where}: label {labels[pos]} >= num_classes {num_classes} (node {pos})"
         )
     return int(num_classes)
+
+
+def check_multi_hot(labels, num_nodes, num_classes, names):
+    """A multi-hot (N, C) array: one column per class, 0 or 1; returns C."""
+    where = names["labels"]
+    if labels.shape[0] != num_nodes:
+        raise DatasetError(
+            f"{where}: {labels.shape[0]} label rows but {num_nodes} nodes (rows of {names['features']})"
+        )
+    if labels.shape[1] < 1 or (num_classes is not None and labels.shape[1] != num_classes):
+        raise DatasetError(
+            f"{where}: a multi-hot array has one column per class; got {labels.shape[1]} "
+            f"columns{f' for --num-classes {num_classes}' if num_classes is not None else ''}"
+        )
+    rows = max(1, BLOCK_ELEMENTS // labels.shape[1])
+    for start in range(0, labels.shape[0], rows):
+        block = labels[start : start + rows]
+        bad = (block != 0) & (block != 1)
+        if bad.any():
+            row, col = np.argwhere(bad)[0]
+            raise DatasetError(
+                f"{where}: a multi-hot array holds 0 or 1, got {block[row, col]} "
+                f"at row {start + row}, column {col}"
+            )
+    return int(labels.shape[1])
+
+
+def check_extra_features(extra_features, num_nodes, names):
+    """Extra node features: names other than feat and label, each (N, F_k)."""
+    for name, features in extra_features.items():
+        if not name or name in ("feat", "label"):
+            raise DatasetError(f"--feature {name}=...: choose a name other than feat and label")
+        where = names.get(f"feature {name}", name)
+        check_features(features, {"features": where})
+        if features.shape[0] != num_nodes:
+            raise DatasetError(
+                f"{where}: {features.shape[0]} rows but {num_nodes} nodes (rows of {names['features']})"
+            )
 
 
 def check_splits(splits, num_nodes, names):
@@ -248,13 +293,16 @@ def display_names(given=None):
     return names
 
 
-def validate_inputs(edges, features, labels, splits, num_classes, names):
-    """Run every check; return num_classes (given or labels.max() + 1)."""
+def validate_inputs(edges, features, labels, splits, num_classes, names,
+                    extra_features=None):
+    """Run every check; return num_classes (given, or labels.max() + 1, or a
+    multi-hot array's columns)."""
     check_features(features, names)
     num_nodes = features.shape[0]
     check_edges(edges, num_nodes, names)
     num_classes = check_labels(labels, num_nodes, num_classes, names)
     check_splits(splits, num_nodes, names)
+    check_extra_features(extra_features or {}, num_nodes, names)
     return num_classes
 
 
@@ -272,7 +320,11 @@ def find_warnings(edges, labels, train_idx, num_nodes, num_classes):
         warnings.append(
             f"{isolated.size} of {num_nodes} nodes have no edges (isolated), e.g. node {isolated[0]}"
         )
-    per_class = np.bincount(np.asarray(labels)[train_idx], minlength=num_classes)
+    train_labels = np.asarray(labels)[train_idx]
+    if train_labels.ndim == 2:  # multi-hot: the train nodes with each label
+        per_class = (train_labels != 0).sum(axis=0)
+    else:
+        per_class = np.bincount(train_labels, minlength=num_classes)
     absent = np.flatnonzero(per_class == 0)
     if absent.size:
         shown = ", ".join(str(c) for c in absent[:10]) + (", ..." if absent.size > 10 else "")
@@ -314,7 +366,17 @@ def save_npy(path, array, dtype):
             np.ascontiguousarray(block, dtype=dtype).tofile(f)
 
 
-def _metadata(name, num_nodes, num_classes, has_splits):
+def extra_feature_file(index):
+    """The file of the index-th extra feature (never a name with "pt")."""
+    return f"node_feat_{index}.npy"
+
+
+def label_dtype(labels):
+    """int64 classes, or float32 multi-hot rows (a multi-label loss's input)."""
+    return np.float32 if np.ndim(labels) == 2 else np.int64
+
+
+def _metadata(name, num_nodes, num_classes, has_splits, extra_names=()):
     """The metadata.yaml content for a homogeneous node-classification graph."""
 
     def numpy_item(item_name, path):
@@ -341,21 +403,26 @@ def _metadata(name, num_nodes, num_classes, has_splits):
             "nodes": [{"num": int(num_nodes)}],
             "edges": [{"format": "numpy", "path": EDGES_FILE}],
         },
-        "feature_data": [node_feature("feat", FEAT_FILE), node_feature("label", LABEL_FILE)],
+        "feature_data": [node_feature("feat", FEAT_FILE), node_feature("label", LABEL_FILE)]
+        + [node_feature(extra, extra_feature_file(k)) for k, extra in enumerate(extra_names)],
         "tasks": [task],
     }
 
 
-def _write_files(directory, edges, features, labels, splits, metadata):
+def _write_files(directory, edges, features, labels, splits, metadata,
+                 extra_features):
     """Write every file of the dataset into an existing empty directory."""
     save_npy(os.path.join(directory, EDGES_FILE), edges, np.int64)
     save_npy(os.path.join(directory, FEAT_FILE), features, np.float32)
-    save_npy(os.path.join(directory, LABEL_FILE), labels, np.int64)
+    save_npy(os.path.join(directory, LABEL_FILE), labels, label_dtype(labels))
+    for k, extra in enumerate(extra_features.values()):
+        save_npy(os.path.join(directory, extra_feature_file(k)), extra, np.float32)
     for split, ids in splits.items():
         prefix = SPLIT_PREFIXES[split]
         ids = np.asarray(ids, dtype=np.int64)
         save_npy(os.path.join(directory, f"{prefix}_seed_nodes.npy"), ids, np.int64)
-        save_npy(os.path.join(directory, f"{prefix}_labels.npy"), np.asarray(labels)[ids], np.int64)
+        save_npy(os.path.join(directory, f"{prefix}_labels.npy"), np.asarray(labels)[ids],
+                 label_dtype(labels))
     # metadata.yaml last: a directory with it is a complete dataset.
     with open(os.path.join(directory, "metadata.yaml"), "w") as f:
         yaml.safe_dump(metadata, f, sort_keys=False)
@@ -429,31 +496,38 @@ def write_ondisk_dataset(
     name=None,
     force=False,
     input_names=None,
+    extra_features=None,
 ):
     """Validate the arrays and write them as a GraphBolt OnDiskDataset.
 
     edges: int (2, E), row 0 source ids, row 1 destination ids.
     features: float (N, F); N defines the number of nodes.
-    labels: int (N,); num_classes defaults to labels.max() + 1.
+    labels: int (N,), num_classes defaulting to labels.max() + 1; or
+        multi-hot (N, C) of 0/1 (C classes, several per node).
     train_idx, val_idx, test_idx: int node ids, disjoint, train non-empty.
     input_names: optional {"edges": "my_edges.csv", ...} used in messages
-        (keys: edges, features, labels, train, validation, test).
+        (keys: edges, features, labels, train, validation, test, and
+        "feature NAME" for an extra feature).
+    extra_features: optional {name: float (N, F_k)}, more node features.
     Returns a summary dict. Raises DatasetError; never leaves out_dir half
     written, and never touches the disk when validation fails.
     """
     names = display_names(input_names)
     edges, features, labels = (np.asanyarray(a) for a in (edges, features, labels))
+    extra_features = {k: np.asanyarray(v) for k, v in (extra_features or {}).items()}
     splits = {"train": train_idx, "validation": val_idx, "test": test_idx}
     _refuse_existing(out_dir, force)  # fail before the slow checks
-    num_classes = validate_inputs(edges, features, labels, splits, num_classes, names)
+    num_classes = validate_inputs(edges, features, labels, splits, num_classes, names,
+                                  extra_features)
     num_nodes = features.shape[0]
     warnings = find_warnings(edges, labels, train_idx, num_nodes, num_classes)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     name = name or os.path.basename(os.path.abspath(out_dir))
-    metadata = _metadata(name, num_nodes, num_classes, splits)
+    metadata = _metadata(name, num_nodes, num_classes, splits, list(extra_features))
     _write_atomically(
-        out_dir, force, lambda tmp: _write_files(tmp, edges, features, labels, splits, metadata)
+        out_dir, force,
+        lambda tmp: _write_files(tmp, edges, features, labels, splits, metadata, extra_features),
     )
     return {
         "out_dir": out_dir,
@@ -461,6 +535,8 @@ def write_ondisk_dataset(
         "num_edges": int(edges.shape[1]),
         "feat_dim": int(features.shape[1]),
         "num_classes": num_classes,
+        "multi_hot": labels.ndim == 2,
+        "extra_features": {k: int(v.shape[1]) for k, v in extra_features.items()},
         "split_sizes": {split: int(len(ids)) for split, ids in splits.items()},
         "warnings": warnings,
     }

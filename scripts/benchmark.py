@@ -173,17 +173,19 @@ def stage_split(args):
     import torch.nn.functional as F
 
     import gbrun
-    from node_classification import FEATURE_KEY, LABEL_KEY, create_model
+    from node_classification import (
+        FEATURE_KEYS, LABEL_KEY, LABELS, create_model,
+    )
 
     gbrun.keep_freed_memory()
     torch.set_num_threads(args.threads[0])
     dataset = gbrun.load_dataset(args.dataset)
-    train_set = gbrun.check_dataset(dataset, args.dataset, FEATURE_KEY,
-                                    LABEL_KEY)[0]
-    key = gbrun.node_key(FEATURE_KEY)
+    train_set = gbrun.check_dataset(dataset, args.dataset, FEATURE_KEYS,
+                                    LABEL_KEY, LABELS)[0]
+    key = gbrun.node_key(FEATURE_KEYS[0])
     stock = dataset.feature
     _, example = gbrun.place_dataset(dataset, "cpu", torch.device("cpu"), 0,
-                                     FEATURE_KEY)
+                                     FEATURE_KEYS)
     datapipe = gb.ItemSampler(train_set, batch_size=args.batch_size,
                               shuffle=True, drop_last=True)
     batches = iter(gb.DataLoader(datapipe.sample_neighbor(dataset.graph,

@@ -6,14 +6,20 @@
         --features feat.npy --labels labels.npy \\
         --train-idx train.npy --val-idx val.npy --test-idx test.npy \\
         --add-reverse-edges --drop-self-loops --force
+    python scripts/convert_to_ondisk.py datasets/mygraph --edges edges.npy \\
+        --features feat.npy --feature degree=degree.npy --labels tags.npy
     python node_classification.py --dataset datasets/mygraph
 
 Inputs:
   --edges      .npy of shape (2, E) or (E, 2) (a (2, 2) array is read as
                (2, E)), or a two-column CSV "src,dst" (comma, tab or space
                separated) with an optional header line. Node ids start at 0.
-  --features   .npy float array (N, F); N is the number of nodes.
-  --labels     .npy integer array (N,), classes 0 .. C-1.
+  --features   .npy float array (N, F); N is the number of nodes: the node
+               feature "feat".
+  --feature NAME=FILE   another node feature NAME, a .npy float array
+               (N, F_k); repeatable.
+  --labels     .npy integer array (N,), classes 0 .. C-1; or a multi-hot
+               (N, C) array of 0/1, several classes per node.
   --train-idx --val-idx --test-idx   .npy node id arrays (all three), or
   --split      random train,val,test fractions (default 0.6,0.2,0.2).
 
@@ -158,6 +164,14 @@ def load_edges(path):
 # ------------------------------------------------------------ the command
 
 
+def named_file(text):
+    """argparse type of --feature: NAME=FILE."""
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=FILE, got {text!r}")
+    return name, path
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n")[0],
@@ -166,7 +180,10 @@ def parse_args(argv=None):
     parser.add_argument("out_dir", help="dataset directory to create")
     parser.add_argument("--edges", required=True, help="edges .npy (2,E)/(E,2) or two-column CSV")
     parser.add_argument("--features", required=True, help="node features .npy, float (N, F)")
-    parser.add_argument("--labels", required=True, help="node labels .npy, int (N,)")
+    parser.add_argument("--feature", action="append", default=[], type=named_file, metavar="NAME=FILE",
+                        help="another node feature NAME from a .npy float (N, F_k); repeatable")
+    parser.add_argument("--labels", required=True,
+                        help="node labels .npy, int (N,), or multi-hot (N, C) of 0/1")
     parser.add_argument("--train-idx", help="train node ids .npy")
     parser.add_argument("--val-idx", help="validation node ids .npy")
     parser.add_argument("--test-idx", help="test node ids .npy")
@@ -184,6 +201,9 @@ def parse_args(argv=None):
         parser.error("give either the three index files or --split, not both")
     if not any(idx_files) and args.split is None:
         args.split = (0.6, 0.2, 0.2)
+    names = [name for name, _ in args.feature]
+    if len(set(names)) != len(names):
+        parser.error(f"--feature: the name {max(names, key=names.count)!r} is given twice")
     return args
 
 
@@ -197,6 +217,7 @@ def load_splits(args, num_nodes):
 def convert(args):
     """Read, transform and write; returns the writer's summary."""
     names = {"edges": args.edges, "features": args.features, "labels": args.labels}
+    names.update({f"feature {name}": path for name, path in args.feature})
     if args.split is None:
         names.update(train=args.train_idx, validation=args.val_idx, test=args.test_idx)
     else:
@@ -205,6 +226,7 @@ def convert(args):
     if os.path.lexists(args.out_dir) and not args.force:  # before reading big files
         raise ondisk.DatasetError(f"{args.out_dir}: already exists; use --force to replace it")
     features = load_npy(args.features)
+    extra_features = {name: load_npy(path) for name, path in args.feature}
     labels = load_npy(args.labels)
     edges = load_edges(args.edges)
     if args.add_reverse_edges or args.drop_self_loops:
@@ -219,6 +241,7 @@ def convert(args):
     return ondisk.write_ondisk_dataset(
         args.out_dir, edges, features, labels, train, val, test,
         num_classes=args.num_classes, force=args.force, input_names=names,
+        extra_features=extra_features,
     )
 
 
@@ -230,9 +253,11 @@ def main(argv=None):
         print(f"convert_to_ondisk.py: error: {err}", file=sys.stderr)
         return ERROR_EXIT
     sizes = summary["split_sizes"]
+    extra = "".join(f", {name} {width}" for name, width in summary["extra_features"].items())
+    classes = "classes (multi-hot)" if summary["multi_hot"] else "classes"
     print(
         f"wrote {args.out_dir}: {summary['num_nodes']} nodes, {summary['num_edges']} edges, "
-        f"{summary['feat_dim']} features, {summary['num_classes']} classes, "
+        f"{summary['feat_dim']} features{extra}, {summary['num_classes']} {classes}, "
         f"train/val/test {sizes['train']}/{sizes['validation']}/{sizes['test']}"
     )
     print(f"train with: python node_classification.py --dataset {args.out_dir}")

@@ -156,6 +156,34 @@ EPOCH_LINE = re.compile(
 TEST_LINE = re.compile(r"^Test Accuracy (\d+\.\d{4})$", re.MULTILINE)
 
 
+# docs/customising.md's diffs, in order.
+CUSTOMISING = os.path.join(REPO, "docs", "customising.md")
+EDITS = ["gat", "cosine", "macro_f1", "keys", "multi_label", "best_model",
+         "two_features", "auroc"]
+
+
+def doc_diffs():
+    blocks = re.findall(r"```diff\n(.*?)```", open(CUSTOMISING).read(), re.S)
+    assert len(blocks) == len(EDITS), f"{len(blocks)} diff blocks in {CUSTOMISING}"
+    return dict(zip(EDITS, blocks))
+
+
+def edited_copy(tmp_path, *edits):
+    """A directory outside the checkout holding node_classification.py with
+    the doc's `edits` applied in turn; returns the copy's path."""
+    where = tmp_path / "+".join(edits)
+    where.mkdir()
+    shutil.copy(SCRIPT, where)
+    for edit in edits:
+        (where / "edit.diff").write_text(doc_diffs()[edit])
+        applied = subprocess.run(["git", "apply", "edit.diff"], cwd=where,
+                                 capture_output=True, text=True, timeout=60)
+        assert applied.returncode == 0, (
+            f"docs/customising.md's {edit} diff no longer applies to "
+            f"node_classification.py (with {edits}):\n{applied.stderr}")
+    return str(where / "node_classification.py")
+
+
 def make_synthetic(out_dir, *extra):
     subprocess.run(
         [sys.executable, os.path.join(SCRIPTS, "make_synthetic_dataset.py"),
@@ -205,6 +233,40 @@ def small_dataset(synthetic):
     return synthetic(
         "small", "--num-nodes", 3000, "--feat-dim", 32, "--num-classes", 10
     )
+
+
+@pytest.fixture(scope="session")
+def multi_label_dataset(tmp_path_factory):
+    """3,000 nodes with multi-hot labels of 5 classes (a node has one to
+    three), written by the converter's writer, with a second node feature
+    "degree"; features and edges carry each node's main class."""
+    import numpy as np
+
+    from gbrun import ondisk
+
+    rng = np.random.default_rng(0)
+    num_nodes, num_classes = 3000, 5
+    main = rng.integers(0, num_classes, num_nodes)
+    labels = np.eye(num_classes, dtype=np.int64)[main]
+    labels |= (rng.random((num_nodes, num_classes)) < 0.2).astype(np.int64)
+    features = (2 * labels + rng.normal(0, 1, (num_nodes, num_classes))
+                ).astype(np.float32)
+    # Edges mostly between nodes of one main class.
+    dst = rng.integers(0, num_nodes, 30000)
+    same = np.flatnonzero(rng.random(30000) < 0.8)
+    by_class = [np.flatnonzero(main == c) for c in range(num_classes)]
+    src = rng.integers(0, num_nodes, 30000)
+    src[same] = [rng.choice(by_class[main[d]]) for d in dst[same]]
+    degree = np.bincount(dst, minlength=num_nodes).astype(np.float32)[:, None]
+    train, val, test = ondisk.split_nodes(num_nodes, (0.6, 0.2, 0.2), seed=1)
+    out = str(tmp_path_factory.mktemp("data") / "multi_label")
+    ondisk.write_ondisk_dataset(
+        out, np.stack([src, dst]), features, labels, train, val, test,
+        extra_features={"degree": np.log1p(degree)})
+    import gbrun
+
+    gbrun.load_dataset(out)  # preprocessed once, here
+    return out
 
 
 # The seeded run that several tests check or compare with: two CPU ranks

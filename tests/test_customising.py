@@ -1,6 +1,7 @@
-"""docs/customising.md's four edits, each applied with `git apply` to a copy
-of node_classification.py in a directory outside the checkout, and run end
-to end there. A change to the example that breaks a diff fails here."""
+"""docs/customising.md's edits, each applied with `git apply` to a copy of
+node_classification.py in a directory outside the checkout (two of them
+together where their runs can be shared), and run end to end there. A
+change to the example that breaks a diff fails here."""
 import importlib.util
 import json
 import os
@@ -15,39 +16,18 @@ import yaml
 
 import gbrun
 from conftest import (
+    EDITS,
     NO_GPU,
     REPO,
     SCRIPT,
+    edited_copy,
     epoch_lines,
     reported_test_accuracy,
     run_example,
     run_examples,
 )
 
-DOC = os.path.join(REPO, "docs", "customising.md")
-EDITS = ["gat", "cosine", "macro_f1", "keys"]  # the doc's diffs, in order
 FAST = ["--gpu=0,1", "--batch-size", 64]
-
-
-def doc_diffs():
-    blocks = re.findall(r"```diff\n(.*?)```", open(DOC).read(), re.S)
-    assert len(blocks) == len(EDITS), f"{len(blocks)} diff blocks in {DOC}"
-    return dict(zip(EDITS, blocks))
-
-
-def edited_copy(tmp_path, edit):
-    """A directory outside the checkout holding node_classification.py with
-    the doc's `edit` applied; returns the copy's path."""
-    where = tmp_path / edit
-    where.mkdir()
-    shutil.copy(SCRIPT, where)
-    (where / "edit.diff").write_text(doc_diffs()[edit])
-    applied = subprocess.run(["git", "apply", "edit.diff"], cwd=where,
-                             capture_output=True, text=True, timeout=60)
-    assert applied.returncode == 0, (
-        f"docs/customising.md's {edit} diff no longer applies to "
-        f"node_classification.py:\n{applied.stderr}")
-    return str(where / "node_classification.py")
 
 
 def load(path, name):
@@ -56,6 +36,40 @@ def load(path, name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class Predictions:
+    """The trained model.pt of an edited copy (`module`), run in this
+    process over every item of one split, with all neighbors (as the runs
+    these tests check sample with --fanout -1,-1,-1)."""
+
+    def __init__(self, module, dataset, checkpoint_dir):
+        args = module.parse_args(["--dataset", dataset, "--fanout", "-1,-1,-1"])
+        self.module, self.job = module, module.load_job(args, 1)
+        self.model = module.create_model(self.job.in_size, self.job.num_classes)
+        self.model.load_state_dict(torch.load(
+            os.path.join(checkpoint_dir, gbrun.MODEL_FILE), weights_only=True))
+        self.model.eval()
+
+    def __call__(self, split, size):
+        """(scores, labels) over the split's items (1: validation, 2: test),
+        of which there must be `size`."""
+        import dgl.graphbolt as gb
+
+        datapipe = gb.ItemSampler(self.job.item_sets[split], batch_size=1000)
+        datapipe = datapipe.sample_neighbor(self.job.dataset.graph,
+                                            self.job.fanout)
+        datapipe = datapipe.fetch_feature(
+            self.job.dataset.feature, node_feature_keys=self.module.FEATURE_KEYS)
+        scores, labels = [], []
+        with torch.no_grad():
+            for data in gb.DataLoader(datapipe):
+                scores.append(self.model(data.blocks,
+                                         self.module.node_features(data)))
+                labels.append(data.labels)
+        scores, labels = torch.cat(scores), torch.cat(labels)
+        assert len(labels) == size
+        return scores, labels
 
 
 def refusal(module, capsys, *argv):
@@ -73,6 +87,9 @@ def refusal(module, capsys, *argv):
 def test_every_diff_applies_to_the_example(tmp_path):
     for edit in EDITS:
         edited_copy(tmp_path, edit)
+    # The pairs the slow tests run together.
+    edited_copy(tmp_path, "multi_label", "best_model")
+    edited_copy(tmp_path, "two_features", "auroc")
 
 
 @pytest.mark.slow
@@ -153,38 +170,19 @@ def test_macro_f1_is_exact_over_ranks_one_without_items(
                open(tmp_path / "logs" / gbrun.METRICS_FILE)]
     reported = [records[0]["val_macro-f1"], records[1]["test_macro-f1"]]
 
-    # The same model over every validation node, in this one process.
-    import dgl.graphbolt as gb
+    # The same model over every validation and test node, in this process.
     import torchmetrics
 
-    module = load(f1, "macro_f1_example")
-    args = module.parse_args(["--dataset", dataset, "--fanout", "-1,-1,-1"])
-    job = module.load_job(args, 1)
-    model = module.create_model(job.in_size, job.num_classes)
-    model.load_state_dict(torch.load(tmp_path / "c" / gbrun.MODEL_FILE,
-                                     weights_only=True))
-    model.eval()
-
-    def macro_f1(item_set, size):
-        datapipe = gb.ItemSampler(item_set, batch_size=1000)
-        datapipe = datapipe.sample_neighbor(job.dataset.graph, job.fanout)
-        datapipe = datapipe.fetch_feature(job.dataset.feature,
-                                          node_feature_keys=["feat"])
-        predictions, labels = [], []
-        with torch.no_grad():
-            for data in gb.DataLoader(datapipe):
-                predictions.append(
-                    model(data.blocks, data.node_features["feat"]))
-                labels.append(data.labels)
-        predictions, labels = torch.cat(predictions), torch.cat(labels)
-        assert len(labels) == size
+    predictions = Predictions(load(f1, "macro_f1_example"), dataset,
+                              tmp_path / "c")
+    exact = []
+    for split, size in ((1, 60), (2, 540)):
+        scores, labels = predictions(split, size)
         # Not trivially exact: the model predicts several classes.
-        assert len(predictions.argmax(1).unique()) > 3
-        return torchmetrics.functional.f1_score(
-            predictions, labels, task="multiclass", num_classes=10,
-            average="macro").item()
-
-    exact = [macro_f1(job.item_sets[1], 60), macro_f1(job.item_sets[2], 540)]
+        assert len(scores.argmax(1).unique()) > 3
+        exact.append(torchmetrics.functional.f1_score(
+            scores, labels, task="multiclass", num_classes=10,
+            average="macro").item())
     assert reported == pytest.approx(exact, abs=1e-6)
 
     # The plot takes the metric's keys from the log (its command line runs
@@ -224,3 +222,99 @@ def test_a_dataset_with_other_keys(tmp_path, small_dataset, capsys,
     original = load(SCRIPT, "unchanged_example")
     error = refusal(original, capsys, "--dataset", dataset)
     assert "has no node feature named 'feat' (it has: x, y)" in error
+
+
+@pytest.mark.slow
+def test_multi_label_with_the_best_model_kept_across_a_resume(
+        tmp_path, multi_label_dataset, capsys, nothing_spawned):
+    copy = edited_copy(tmp_path, "multi_label", "best_model")
+    # Seed 4 at lr 0.03 validates best after epoch 0 (Micro-F1 0.6457, then
+    # 0.5888 after epoch 1): a resumed run that forgot the best would write
+    # epoch 1's model as best.pt.
+    common = [*FAST, "--fanout", "5,5,5", "--epochs", 2, "--seed", 4,
+              "--lr", 0.03, "--max-batches", 6, "--dataset",
+              multi_label_dataset]
+    # The 10th check is epoch 1's third step; training stops after the 4th.
+    uninterrupted, stopped = run_examples(
+        ([*common, "--checkpoint-dir", tmp_path / "u"], NO_GPU),
+        ([*common, "--checkpoint-dir", tmp_path / "s"],
+         {**NO_GPU, "TEST_SIGTERM_AT_CHECK": "10"}), script=copy)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    f1 = [float(v) for v in re.findall(r"^Epoch \d+ \| .* \| Micro-F1 (\d\.\d{4})",
+                                       uninterrupted.stdout, re.M)]
+    assert len(f1) == 2 and f1[0] > f1[1], uninterrupted.stdout
+    assert re.search(r"^Test Micro-F1 0\.[5-9]\d{3}$", uninterrupted.stdout,
+                     re.M), uninterrupted.stdout
+    resumed = run_example([*common, "--checkpoint-dir", tmp_path / "s",
+                           "--resume"], env=NO_GPU, script=copy)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    def saved(run):
+        best = torch.load(tmp_path / run / "best.pt", weights_only=True)
+        kept = torch.load(tmp_path / run / gbrun.CHECKPOINT_FILE,
+                          weights_only=True)["kept"]
+        return best, kept
+
+    (best, kept), (best_again, kept_again) = saved("u"), saved("s")
+    assert kept == kept_again == {"best": pytest.approx(f1[0], abs=5e-5)}
+    assert best.keys() == best_again.keys()
+    assert all(torch.equal(best[k], best_again[k]) for k in best)
+
+    # The unchanged example refuses this dataset in one line, spawning
+    # nothing: its labels are multi-hot, not one class per node.
+    error = refusal(load(SCRIPT, "unchanged"), capsys, "--dataset",
+                    multi_label_dataset)
+    assert ("the train_set's labels have shape [1800, 5] and dtype float32, "
+            "but the example takes one integer class in [0, 5) per node"
+            ) in error
+
+
+def with_feature(dataset, tmp_path, name, values):
+    """A copy of `dataset` with one more node feature `name`."""
+    import numpy as np
+
+    copy = str(tmp_path / f"with_{name}")
+    shutil.copytree(dataset, copy, ignore=shutil.ignore_patterns("preprocessed"))
+    np.save(os.path.join(copy, f"node_{name}.npy"), values)
+    with open(os.path.join(copy, "metadata.yaml")) as f:
+        metadata = yaml.safe_load(f)
+    metadata["feature_data"].append({
+        "domain": "node", "name": name, "format": "numpy", "in_memory": True,
+        "path": f"node_{name}.npy"})
+    with open(os.path.join(copy, "metadata.yaml"), "w") as f:
+        yaml.safe_dump(metadata, f)
+    return copy
+
+
+@pytest.mark.slow
+def test_auroc_is_exact_over_ranks_one_without_items_on_two_features(
+        tmp_path, synthetic):
+    import numpy as np
+
+    # 60 validation nodes and batch 64: rank 0 scores them all, rank 1 none.
+    small_val = synthetic("small_val", "--num-nodes", 3000, "--feat-dim", 32,
+                          "--num-classes", 10, "--split", "0.8,0.02,0.18")
+    noise = np.random.default_rng(0).normal(size=(3000, 3)).astype("float32")
+    dataset = with_feature(small_val, tmp_path, "degree", noise)
+    auroc = edited_copy(tmp_path, "two_features", "auroc")
+    run = run_example(
+        [*FAST, "--fanout", "-1,-1,-1", "--epochs", 1, "--seed", 4,
+         "--dataset", dataset, "--checkpoint-dir", tmp_path / "c",
+         "--log-dir", tmp_path / "logs"], env=NO_GPU, script=auroc)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert re.search(r"^Test AUROC \d\.\d{4}$", run.stdout, re.M), run.stdout
+    records = [json.loads(line) for line in
+               open(tmp_path / "logs" / gbrun.METRICS_FILE)]
+    reported = [records[0]["val_auroc"], records[1]["test_auroc"]]
+
+    import torchmetrics
+
+    module = load(auroc, "auroc_example")
+    predictions = Predictions(module, dataset, tmp_path / "c")
+    assert predictions.job.in_size == 32 + 3  # both features, side by side
+    exact = [torchmetrics.functional.auroc(*predictions(split, size),
+                                           task="multiclass", num_classes=10,
+                                           average="macro").item()
+             for split, size in ((1, 60), (2, 540))]
+    assert reported == pytest.approx(exact, abs=1e-6)

@@ -1,7 +1,9 @@
-"""The two distributed contracts the example relies on, checked on real gloo
+"""The distributed contracts the example relies on, checked on real gloo
 process groups: how DistributedItemSampler shards items, and that
-weighted_reduce gives exact means when ranks hold different numbers of
-items (including none)."""
+weighted_reduce, evaluate and a torchmetrics AUROC (with
+gbrun.gather_all_tensors) are exact when ranks hold different numbers of
+items (including none). The passing pieces share one 4-rank group: most of
+a group's time is its processes' start-up."""
 import types
 
 import pytest
@@ -30,9 +32,22 @@ def _shards(rank):
     }
 
 
+def _pieces(rank):
+    """Every piece below on this rank of a 4-rank group."""
+    return {"shards": _shards(rank),
+            "reduce": _reduce(rank, [2.0, 9.0, 0.0, 0.0], [4, 10, 0, 0]),
+            "evaluate": _evaluate_uneven(rank),
+            "auroc": _auroc(rank, sync=True)}
+
+
+@pytest.fixture(scope="module")
+def pieces(tmp_path_factory):
+    return run_gloo_group(_pieces, 4, tmp_path_factory.mktemp("pieces"))
+
+
 @pytest.mark.slow
-def test_distributed_item_sampler_sharding(tmp_path):
-    shards = run_gloo_group(_shards, 4, tmp_path)
+def test_distributed_item_sampler_sharding(pieces):
+    shards = [piece["shards"] for piece in pieces]
     assert [s["plain"] for s in shards] == [
         [[0, 1], [2, 3]], [[4, 5], [6, 7]], [[8, 9], [10, 11]], [[12, 13], [14]]
     ]
@@ -60,11 +75,10 @@ def _reduce(rank, sums, counts):
 
 
 @pytest.mark.slow
-def test_weighted_reduce_is_exact_with_unequal_and_zero_counts(tmp_path):
+def test_weighted_reduce_is_exact_with_unequal_and_zero_counts(pieces):
     # Rank 0 has mean 0.5 over 4 items, rank 1 mean 0.9 over 10 items and
-    # rank 2 no items at all: the exact mean is (2 + 9) / 14.
-    sums, counts = [2.0, 9.0, 0.0], [4, 10, 0]
-    results = run_gloo_group(_reduce, 3, tmp_path, sums, counts)
+    # ranks 2 and 3 no items at all: the exact mean is (2 + 9) / 14.
+    results = [piece["reduce"] for piece in pieces]
     assert abs(results[0] - 11 / 14) < 1e-6
     # A plain mean of per-rank means would give (0.5 + 0.9 + 0) / 3.
     assert abs(results[0] - (0.5 + 0.9) / 3) > 0.1
@@ -73,7 +87,7 @@ def test_weighted_reduce_is_exact_with_unequal_and_zero_counts(tmp_path):
 def _evaluate_uneven(rank):
     import torch.nn as nn
 
-    from node_classification import FEATURE_KEY, evaluate
+    from node_classification import FEATURE_KEYS, evaluate
 
     class Logits(nn.Module):  # the features are the logits
         def forward(self, blocks, x):
@@ -86,12 +100,14 @@ def _evaluate_uneven(rank):
 
     def batch(logits, labels):
         return types.SimpleNamespace(
-            node_features={FEATURE_KEY: torch.tensor(logits)},
+            node_features={FEATURE_KEYS[0]: torch.tensor(logits)},
             labels=torch.tensor(labels), blocks=None)
 
-    # Rank 0: 2 of 3 right. Rank 1: no items at all, as DistributedItemSampler
-    # gives a rank whose share of a small evaluation set is empty.
-    batches = [[batch([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]], [0, 1, 1])], []]
+    # Rank 0: 2 of 3 right. Other ranks: no items at all, as
+    # DistributedItemSampler gives a rank whose share of a small evaluation
+    # set is empty.
+    batches = [[batch([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]], [0, 1, 1])], [],
+               [], []]
     state = types.SimpleNamespace(
         device=torch.device("cpu"), autocast=False,
         batches=lambda loader, name: iter(loader))
@@ -99,6 +115,33 @@ def _evaluate_uneven(rank):
 
 
 @pytest.mark.slow
-def test_evaluate_is_exact_when_a_rank_has_no_items(tmp_path):
-    results = run_gloo_group(_evaluate_uneven, 2, tmp_path)
-    assert results[0] == pytest.approx(2 / 3)
+def test_evaluate_is_exact_when_a_rank_has_no_items(pieces):
+    assert pieces[0]["evaluate"] == pytest.approx(2 / 3)
+
+
+def _auroc(rank, sync):
+    import torchmetrics
+
+    import gbrun
+
+    torch.manual_seed(0)
+    scores, labels = torch.randn(30, 4), torch.arange(30) % 4
+    kwargs = {"dist_sync_fn": gbrun.gather_all_tensors} if sync else {}
+    auroc = torchmetrics.classification.MulticlassAUROC(4, **kwargs)
+    if rank == 0:  # the other ranks have no items
+        auroc.update(scores, labels)
+    exact = torchmetrics.functional.auroc(scores, labels, task="multiclass",
+                                          num_classes=4)
+    return auroc.compute().item(), exact.item()
+
+
+@pytest.mark.slow
+def test_auroc_over_ranks_some_without_items(pieces, tmp_path):
+    # torchmetrics' own gather gives an empty rank a 1-D float32
+    # placeholder against rank 0's [30, 4] scores and int64 labels: gloo
+    # aborts the job. gbrun.gather_all_tensors gathers alike on every rank.
+    exact = pieces[0]["auroc"][1]
+    assert [piece["auroc"][0] for piece in pieces] == pytest.approx(
+        [exact] * 4, abs=1e-7)
+    with pytest.raises(Exception, match="terminated with signal SIGABRT"):
+        run_gloo_group(_auroc, 2, tmp_path, False, timeout=60)

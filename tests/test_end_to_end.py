@@ -75,7 +75,7 @@ def _load_in_turn(rank, dataset):
         launch.pickle = slow
     job = launch.load_job_in_turn(rank, plan, nc.load_job, args)
     tensors = (job.dataset.graph.csc_indptr, job.dataset.graph.indices,
-               job.dataset.feature.read(*gbrun.node_key(nc.FEATURE_KEY)))
+               job.dataset.feature.read(*gbrun.node_key(nc.FEATURE_KEYS[0])))
     # Asking a private tensor for its file would move it to a new one.
     return [t.untyped_storage()._share_filename_cpu_()[1] for t in tensors]
 
@@ -105,7 +105,7 @@ train = nc.run  # the example's, in the parent and in each rank
 
 def report(who, job):
     tensors = (job.dataset.graph.csc_indptr, job.dataset.graph.indices,
-               job.dataset.feature.read(*gbrun.node_key(nc.FEATURE_KEY)))
+               job.dataset.feature.read(*gbrun.node_key(nc.FEATURE_KEYS[0])))
     files = [t.untyped_storage()._share_filename_cpu_()[1] for t in tensors]
     # One write, so that the ranks' lines do not interleave.
     sys.stdout.write(f"{who}: {files}\\n")
@@ -177,12 +177,12 @@ def test_validation_and_test_sets_smaller_than_one_batch_per_rank(
         datapipe = gb.ItemSampler(item_set, batch_size=1000)
         datapipe = datapipe.sample_neighbor(job.dataset.graph, job.fanout)
         datapipe = datapipe.fetch_feature(job.dataset.feature,
-                                          node_feature_keys=[nc.FEATURE_KEY])
+                                          node_feature_keys=nc.FEATURE_KEYS)
         correct = total = 0
         with torch.no_grad():
             for data in gb.DataLoader(datapipe):
                 predicted = model(data.blocks,
-                                  data.node_features[nc.FEATURE_KEY])
+                                  nc.node_features(data))
                 correct += int((predicted.argmax(1) == data.labels).sum())
                 total += len(data.labels)
         assert total == 60
@@ -255,22 +255,44 @@ def test_torchrun_reports_a_bad_dataset_once(tmp_path):
         result.stderr), result.stderr[-3000:]
 
 
+RAISES_IN_RANK_1 = """
+import sys
+
+import torch.distributed as dist
+
+import node_classification as nc
+
+features, run = nc.node_features, nc.run
+
+
+def node_features(data):
+    if dist.get_rank() == 1:
+        raise IndexError("index 99 is out of bounds for dimension 0")
+    return features(data)
+
+
+def raising_run(rank, plan, args, job, stop):
+    nc.node_features = node_features  # in each rank
+    return run(rank, plan, args, job, stop)
+
+
+if __name__ == "__main__":
+    nc.run = raising_run
+    nc.main(sys.argv[1:])
+"""
+
+
 @pytest.mark.slow
 def test_an_exception_in_one_rank_fails_the_job(small_dataset, tmp_path):
-    # Corrupt the labels of rank 1's share of the train set only (the
-    # sampler gives rank 1 the items after the first 904 with batch 64),
-    # so rank 0 is left waiting in DDP and has to be stopped.
-    broken = str(tmp_path / "broken")
-    shutil.copytree(small_dataset, broken, ignore=shutil.ignore_patterns(
-        "preprocessed"))
-    labels_path = os.path.join(broken, "train_labels.npy")
-    labels = np.load(labels_path)
-    labels[904:] = 99
-    np.save(labels_path, labels)
+    # Rank 1 raises while training (a bad index of its own), so rank 0 is
+    # left waiting in DDP and has to be stopped.
+    script = tmp_path / "raises_in_rank_1.py"
+    script.write_text(RAISES_IN_RANK_1)
     start = time.time()
     result = run_example(
-        ["--gpu=0,1", "--dataset", broken, "--epochs", 3, *FAST, *CPU],
-        timeout=90,
+        ["--gpu=0,1", "--dataset", small_dataset, "--epochs", 3, *FAST, *CPU],
+        timeout=90, script=script, env={"PYTHONPATH": os.pathsep.join(
+            filter(None, [REPO, os.environ.get("PYTHONPATH")]))},
     )
     # The launcher's sys.exit("error: training failed; ...").
     assert result.returncode == 1, result.stderr[-3000:]
@@ -466,6 +488,71 @@ def test_bad_datasets(small_dataset, tmp_path, capsys, nothing_spawned,
         node_classification.main(["--dataset", dataset])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def drop_item_set_labels(metadata):
+    for split in ("train_set", "validation_set", "test_set"):
+        data = metadata["tasks"][0][split][0]["data"]
+        data[:] = [d for d in data if d["name"] == "seed_nodes"]
+
+
+def test_labels_that_are_not_one_class_per_node_are_refused(
+        small_dataset, multi_label_dataset, tmp_path, capsys,
+        nothing_spawned):
+    # Multi-hot labels, in the item sets or only as the node feature, and
+    # class labels out of range or stored as floats: never a silent
+    # reinterpretation (a flattened multi-hot array gave 0.695 "accuracy").
+    import node_classification
+
+    def fewer_classes(metadata):
+        metadata["tasks"][0]["num_classes"] = 5
+
+    def float_labels(metadata):
+        data = metadata["tasks"][0]["train_set"][0]["data"]
+        path = [d for d in data if d["name"] == "labels"][0]["path"]
+        np.save(os.path.join(float_copy, path),
+                np.load(os.path.join(small_dataset, path)).astype(np.float32))
+
+    float_copy = str(tmp_path / "edited")
+    takes = "but the example takes one integer class in [0, {}) per node"
+    cases = [
+        (multi_label_dataset, None, "the train_set's labels have shape "
+         f"[1800, 5] and dtype float32, {takes.format(5)}"),
+        (multi_label_dataset, drop_item_set_labels, "node feature 'label' "
+         "(the train_set's labels) have shape [1800, 5] and dtype float32"),
+        (small_dataset, fewer_classes, "the train_set's labels have shape "
+         f"[1800] and dtype int64 with values in [0, 9], {takes.format(5)}"),
+        (small_dataset, float_labels, "the train_set's labels have shape "
+         f"[1800] and dtype float32, {takes.format(10)}"),
+    ]
+    for dataset, edit, message in cases:
+        if edit is not None:
+            shutil.rmtree(float_copy, ignore_errors=True)
+            dataset = rewrite_metadata(dataset, tmp_path, edit)
+        with pytest.raises(SystemExit) as exit_info:
+            node_classification.main(["--dataset", dataset, "--gpu=0,1"])
+        error = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2, error
+        assert len(error.splitlines()) == 1 and message in error, error
+
+
+def test_the_item_sets_are_the_tasks_own(small_dataset):
+    # Train, validation and test items are the task's splits, each its own
+    # (a test set built from the validation split trains and reports fine).
+    import torch
+
+    import gbrun
+    import node_classification as nc
+
+    job = nc.load_job(nc.parse_args(["--dataset", small_dataset]), 1)
+    task = gbrun.load_dataset(small_dataset).tasks[0]
+    for item_set, split in zip(job.item_sets, (task.train_set,
+                                               task.validation_set,
+                                               task.test_set)):
+        seeds, labels = item_set[:]
+        expected_seeds, expected_labels = split[:]
+        assert torch.equal(seeds, expected_seeds)
+        assert torch.equal(labels, expected_labels.long())
 
 
 def test_a_train_set_smaller_than_the_ranks_is_refused(

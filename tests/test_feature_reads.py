@@ -21,7 +21,7 @@ def _read_both_ways(rank, dataset_dir):
                           "--fanout", "5,5,5"])
     job = nc.load_job(args, 1)
     _, placed = gbrun.place_dataset(job.dataset, "cpu", torch.device("cpu"),
-                                    0, nc.FEATURE_KEY)
+                                    0, nc.FEATURE_KEYS)
     graphbolt_reads = [0]
     graphbolt_read = torch_store.index_select
 
@@ -39,7 +39,7 @@ def _read_both_ways(rank, dataset_dir):
         graphbolt_reads[0] = 0
         batches = gbrun.data.Batches(loader, 0, "train", 3, epoch=0)
         passes[name] = (
-            [(data.node_ids(), data.node_features[nc.FEATURE_KEY],
+            [(data.node_ids(), nc.node_features(data),
               data.labels) for data in batches],
             graphbolt_reads[0],
         )

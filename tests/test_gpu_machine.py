@@ -188,3 +188,30 @@ def test_gpu_cache_size_for_each_graphbolt_api_shape(monkeypatch):
     monkeypatch.setattr(gb, "gpu_cached_feature", module)
     monkeypatch.setattr(gb, "GPUCachedFeature", _Rows)
     assert gbrun.data.make_gpu_cache(feature, 50).size == ("rows", 1)
+
+
+def test_every_feature_the_model_reads_is_cached_and_stored_in_bf16(
+        monkeypatch):
+    # Two features of 32 and 3 floats a row: a cache of 3,500 bytes is
+    # shared 3,200 / 300, so that both caches hold 25 rows.
+    store = gb.BasicFeatureStore({
+        ("node", None, "feat"): gb.TorchBasedFeature(torch.ones(10, 32)),
+        ("node", None, "degree"): gb.TorchBasedFeature(torch.ones(10, 3)),
+        ("node", None, "label"): gb.TorchBasedFeature(torch.zeros(10, 1)),
+    })
+    made = {}
+
+    def cache(feature, cache_bytes):
+        made[feature.size()[0]] = cache_bytes
+        return feature
+
+    monkeypatch.setattr(gbrun.data, "make_gpu_cache", cache)
+    cached = gbrun.data.gpu_cached_store(store, ["feat", "degree"], 3500)
+    assert made == {32: 3200, 3: 300}
+    assert set(cached.keys()) == {("node", None, "feat"),
+                                  ("node", None, "degree")}
+    dataset = types.SimpleNamespace(feature=store)
+    gbrun.store_in_bf16(dataset, ["feat", "degree"])
+    assert [store.read("node", None, k).dtype for k in ("feat", "degree",
+                                                        "label")] == [
+        torch.bfloat16, torch.bfloat16, torch.float32]

@@ -213,8 +213,8 @@ def test_random_split_covers_all_nodes_once(tmp_path):
 
 
 def _save(name, array):
-    """Mutation: replace one input file with this array."""
-    return lambda paths, tmp: np.save(paths[name], array)
+    """Mutation: replace one input file (or add one) with this array."""
+    return lambda paths, tmp: np.save(paths.setdefault(name, tmp / f"{name}.npy"), array)
 
 
 def _write_bytes(name, data):
@@ -250,7 +250,17 @@ BAD_INPUTS = {
     "features_inf": (_save("features", np.where(np.arange(3 * N).reshape(N, 3) == 5, np.inf, 1.0)), [],
                      ("features.npy", "inf at row 1")),
     "features_garbage": (_write_bytes("features", b"not a numpy file"), [], ("features.npy", "cannot read")),
-    "labels_2d": (_save("labels", np.zeros((N, 2), dtype=np.int64)), [], ("labels.npy", "1-D integer")),
+    "labels_3d": (_save("labels", np.zeros((N, 2, 1), dtype=np.int64)), [], ("labels.npy", "1-D integer")),
+    "multi_hot_not_0_or_1": (_save("labels", np.where(np.arange(2 * N).reshape(N, 2) == 9, 2, 0)), [],
+                             ("labels.npy", "a multi-hot array holds 0 or 1, got 2 at row 4, column 1")),
+    "multi_hot_columns": (_save("labels", np.zeros((N, 2), dtype=np.int64)), ["--num-classes", "3"],
+                          ("labels.npy", "one column per class; got 2 columns for --num-classes 3")),
+    "extra_feature_rows": (_save("degree", np.zeros((N - 2, 1))), ["--feature", "degree=DEGREE"],
+                           ("degree.npy", f"{N - 2} rows but {N} nodes")),
+    "extra_feature_nan": (_save("degree", np.full((N, 1), np.nan)), ["--feature", "degree=DEGREE"],
+                          ("degree.npy", "non-finite value nan at row 0")),
+    "extra_feature_named_feat": (_save("degree", np.zeros((N, 1))), ["--feature", "feat=DEGREE"],
+                                 ("--feature feat=", "a name other than feat and label")),
     "labels_float": (_save("labels", np.zeros(N)), [], ("labels.npy", "1-D integer")),
     "labels_length": (_save("labels", np.zeros(N - 1, dtype=np.int64)), [], ("labels.npy", f"{N - 1} labels but {N} nodes")),
     "labels_negative": (_save("labels", np.r_[np.zeros(N - 1, dtype=np.int64), -3]), [], ("labels.npy", "negative label -3")),
@@ -297,6 +307,47 @@ BAD_INPUTS = {
 }
 
 
+def test_multi_hot_labels_and_extra_features_round_trip(tmp_path):
+    # A multi-label task (several classes per node) with a second node
+    # feature, as docs/customising.md's multi-label edit trains on it.
+    paths, arrays = make_inputs(tmp_path)
+    tags = (np.random.default_rng(1).random((NUM_NODES, 5)) < 0.3).astype(np.int64)
+    degree = np.arange(2 * NUM_NODES, dtype=np.float64).reshape(NUM_NODES, 2)
+    np.save(tmp_path / "tags.npy", tags)
+    np.save(tmp_path / "degree.npy", degree)
+    args = convert_args(paths)
+    args[args.index("--labels") + 1] = tmp_path / "tags.npy"
+    out = tmp_path / "out"
+    result = run(CONVERT, out, *args, "--feature", f"degree={tmp_path / 'degree.npy'}")
+    assert result.returncode == 0, result.stderr
+    assert "3 features, degree 2, 5 classes (multi-hot)" in result.stdout
+
+    dataset = load(out)
+    assert dataset.tasks[0].metadata["num_classes"] == 5
+    np.testing.assert_array_equal(dataset.feature.read("node", None, "degree").numpy(), degree)
+    label = dataset.feature.read("node", None, "label")
+    assert label.dtype == torch_float32() and tuple(label.shape) == (NUM_NODES, 5)
+    np.testing.assert_array_equal(label.numpy(), tags)
+    nodes, labels = dataset.tasks[0].validation_set[:]
+    np.testing.assert_array_equal(nodes.numpy(), arrays["val"])
+    np.testing.assert_array_equal(labels.numpy(), tags[arrays["val"]])
+
+
+def torch_float32():
+    import torch
+
+    return torch.float32
+
+
+def test_a_feature_given_twice_is_refused(tmp_path, capsys):
+    paths, _ = make_inputs(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        convert_to_ondisk.main([str(tmp_path / "out"), *map(str, convert_args(paths)),
+                                "--feature", "a=x.npy", "--feature", "a=y.npy"])
+    assert exited.value.code == 2
+    assert "--feature: the name 'a' is given twice" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
 def test_bad_input_fails_cleanly(tmp_path, capsys, case):
     mutate, extra, (input_name, problem) = BAD_INPUTS[case]
@@ -306,6 +357,7 @@ def test_bad_input_fails_cleanly(tmp_path, capsys, case):
     parent = tmp_path / "datasets"
     parent.mkdir()
     out = parent / "out"
+    extra = [arg.replace("DEGREE", str(paths.get("degree"))) for arg in extra]
     code = convert_to_ondisk.main(list(map(str, [out, *convert_args(paths), *extra])))
     stdout, stderr = capsys.readouterr()
     assert code == 2, stdout + stderr

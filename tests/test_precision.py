@@ -22,10 +22,10 @@ from conftest import (
 def test_the_ranks_get_the_features_in_bf16_converted_once(small_dataset):
     args = nc.parse_args(["--dataset", small_dataset, "--precision", "bf16"])
     job = nc.load_job(args, 1)
-    feat = job.dataset.feature.read(*gbrun.node_key(nc.FEATURE_KEY))
+    feat = job.dataset.feature.read(*gbrun.node_key(nc.FEATURE_KEYS[0]))
     assert feat.dtype == torch.bfloat16
     fp32 = nc.load_job(nc.parse_args(["--dataset", small_dataset]), 1)
-    exact = fp32.dataset.feature.read(*gbrun.node_key(nc.FEATURE_KEY))
+    exact = fp32.dataset.feature.read(*gbrun.node_key(nc.FEATURE_KEYS[0]))
     assert exact.dtype == torch.float32
     assert torch.allclose(feat.float(), exact, rtol=1e-2, atol=1e-3)
     assert job.config["precision"] == "bf16"

@@ -234,6 +234,9 @@ SIGNALLED = [
     # request too, and are born with it blocked until they handle it.
     ("SIGTERM to every process at start-up", signal.SIGTERM, "group", 3,
      "start"),
+    # A scheduler that signals one process: rank 1 alone hears it, and
+    # every rank stops with it (the ranks agree on an all-reduced flag).
+    ("SIGTERM to rank 1", signal.SIGTERM, "rank 1", 4, "epoch 0"),
 ]
 TRIGGER = {"epoch 0": rb"(?m)^Epoch 00000 .*\n",
            "start": rb"(?m)^Training with 2 CPU processes\.\n"}
@@ -273,6 +276,8 @@ def signalled_runs(small_dataset, tmp_path_factory):
                     del waiting[fd]
                     if whom == "launcher":
                         jobs[name].send_signal(signum)
+                    elif whom == "rank 1":
+                        os.kill(spawned_ranks(jobs[name].pid)[1], signum)
                     else:
                         os.killpg(jobs[name].pid, signum)
         runs = {}
@@ -284,6 +289,14 @@ def signalled_runs(small_dataset, tmp_path_factory):
         for job in jobs.values():
             kill_session(job)
     return runs
+
+
+def spawned_ranks(launcher):
+    """The pids of a launcher's ranks, rank 0 first (mp.spawn starts them in
+    order)."""
+    ranks = [child for child in psutil.Process(launcher).children()
+             if "spawn_main" in " ".join(child.cmdline())]
+    return [rank.pid for rank in sorted(ranks, key=lambda p: p.create_time())]
 
 
 @pytest.mark.slow
@@ -415,9 +428,12 @@ def test_a_checkpoint_that_would_run_code_is_refused(
     assert marker.exists()
 
 
+DROPPED = object()
+
+
 def make_checkpoint(directory, dataset_dir, position=(), **changes):
     """A checkpoint of epoch 1 (or of `position`: epoch, step, partial sums)
-    with seed 9 and `changes` to the configuration."""
+    with seed 9 and `changes` to the configuration (DROPPED: no such key)."""
     import node_classification as nc
 
     args = nc.parse_args(["--dataset", dataset_dir, "--fanout", "5,5,5"])
@@ -428,7 +444,8 @@ def make_checkpoint(directory, dataset_dir, position=(), **changes):
     checkpoint = {
         "model": model.state_dict(), "optimizer": optimizer.state_dict(),
         "epoch": epoch, "step": step, "partial": partial, "seed": 9,
-        "config": {**job.config, **changes},
+        "config": {key: value for key, value in {**job.config, **changes}.items()
+                   if value is not DROPPED},
     }
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, gbrun.CHECKPOINT_FILE)
@@ -456,7 +473,9 @@ def test_resume_refuses_what_it_cannot_continue(small_dataset, tmp_path, capsys,
         capsys, small_dataset, tmp_path / "empty")
 
     # Another model: the first difference, on one line.
-    other = nc.resume_key(nc.create_model(7, 10), nc.parse_args([]), [5, 5, 5])
+    model = nc.create_model(7, 10)
+    other = nc.resume_key(model, *nc.create_optimizer(model, nc.parse_args([])),
+                          nc.parse_args([]), [5, 5, 5])
     make_checkpoint(tmp_path / "other", small_dataset, model=other["model"])
     assert ("was made with another model (repr: '(fc_neigh): Linear("
             "in_features=7, out_features=256, bias=False)' then, '(fc_neigh): "
@@ -467,7 +486,6 @@ def test_resume_refuses_what_it_cannot_continue(small_dataset, tmp_path, capsys,
     for change, message in [
         ({"dataset": "/elsewhere"}, "another dataset ('/elsewhere' then, '"),
         ({"fanout": [1, 1, 1]}, "another fanout ([1, 1, 1] then, [5, 5, 5] now)"),
-        ({"lr": 0.5}, "another lr (0.5 then, 0.001 now)"),
     ]:
         make_checkpoint(tmp_path / "changed", small_dataset, **change)
         assert message in resume_error(
@@ -479,10 +497,14 @@ def test_resume_refuses_what_it_cannot_continue(small_dataset, tmp_path, capsys,
     assert "(KeyError: 'no config, optimizer, seed')" in resume_error(
         capsys, small_dataset, tmp_path / "partial")
 
-    # The precision is part of what a resume must agree on.
+    # The precision is part of what a resume must agree on ...
     make_checkpoint(tmp_path / "bf16", small_dataset, precision="bf16")
     assert "another precision ('bf16' then, 'fp32' now)" in (
         resume_error(capsys, small_dataset, tmp_path / "bf16"))
+    # ... also where the checkpoint's configuration does not have it.
+    make_checkpoint(tmp_path / "older", small_dataset, precision=DROPPED)
+    assert "another precision (None then, 'fp32' now)" in (
+        resume_error(capsys, small_dataset, tmp_path / "older"))
 
     make_checkpoint(tmp_path / "seeded", small_dataset)
     assert "--seed 4: the checkpoint was made with --seed 9" in resume_error(
@@ -502,6 +524,61 @@ def test_resume_refuses_what_it_cannot_continue(small_dataset, tmp_path, capsys,
         f.truncate(os.path.getsize(path) // 2)
     error = resume_error(capsys, small_dataset, tmp_path / "cut")
     assert f"checkpoint '{path}' is unreadable, truncated or corrupted" in error
+
+
+def test_resume_refuses_another_optimizer_or_schedule_before_spawning(
+        small_dataset, tmp_path, capsys, monkeypatch, nothing_spawned):
+    # A checkpoint of the example as it is: Adam, no scheduler, --lr 0.001.
+    import node_classification as nc
+
+    make_checkpoint(tmp_path / "adam", small_dataset)
+
+    def adamw(model, args):
+        return torch.optim.AdamW(model.parameters(), lr=args.lr,
+                                 weight_decay=0.01), None
+
+    def with_schedule(model, args):
+        optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+        return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, 3, 0.5)
+
+    def adam_decay(model, args):
+        return torch.optim.Adam(model.parameters(), lr=args.lr,
+                                weight_decay=0.01), None
+
+    for create_optimizer, message in [
+        (adamw, "another optimizer (class: 'Adam' then, 'AdamW' now)"),
+        (with_schedule, "another scheduler (None then, {'class': 'StepLR', "
+                        "'step_size': 3, 'gamma': 0.5} now)"),
+        (adam_decay, "another optimizer (param_groups[0].weight_decay: 0 "
+                     "then, 0.01 now)"),
+    ]:
+        monkeypatch.setattr(nc, "create_optimizer", create_optimizer)
+        assert message in resume_error(capsys, small_dataset, tmp_path / "adam")
+    monkeypatch.undo()
+    assert ("another optimizer (param_groups[0].lr: 0.001 then, 0.5 now)" in
+            resume_error(capsys, small_dataset, tmp_path / "adam", "--lr", "0.5"))
+
+
+def test_the_resume_key_tells_apart_models_whose_repr_is_the_same():
+    # A parameter's shape need not show in a module's repr (an embedding
+    # table held as an nn.Parameter): the key compares shapes too, so such a
+    # checkpoint is refused before a rank starts instead of failing inside.
+    import node_classification as nc
+
+    class Table(torch.nn.Module):
+        def __init__(self, rows):
+            super().__init__()
+            self.table = torch.nn.Parameter(torch.zeros(rows, 4))
+
+    args = nc.parse_args([])
+    keys = []
+    for rows in (3, 5):
+        model = Table(rows)
+        keys.append(nc.resume_key(model, *nc.create_optimizer(model, args),
+                                  args, [5]))
+    assert repr(Table(3)) == repr(Table(5))
+    assert gbrun.checkpoint.difference(keys[0], keys[1]) == (
+        "model.shapes.table: [3, 4] then, [5, 4] now")
 
 
 def test_resume_restores_optimizer_and_scheduler_as_saved():
@@ -537,6 +614,17 @@ def test_resume_restores_optimizer_and_scheduler_as_saved():
     # A copy: stepping this optimizer leaves the checkpoint's state alone.
     assert again_optimizer.state[next(again.parameters())]["exp_avg"] is not (
         saved["optimizer"]["state"][0]["exp_avg"])
+    # The example's own values come back too, on every rank, as copies.
+    saved["kept"] = {"best": 0.75, "ema": {"w": torch.ones(2)}}
+    state = RunState(1, args, job, None, torch.device("cpu"), False,
+                     {"model": again})
+    assert state.kept["best"] == 0.75 and state.kept.keys() == {"best", "ema"}
+    assert torch.equal(state.kept["ema"]["w"], torch.ones(2))
+    assert state.kept["ema"]["w"] is not saved["kept"]["ema"]["w"]
+    # What a checkpoint cannot hold is refused when saving, naming it.
+    state.kept["model"] = again
+    with pytest.raises(TypeError, match=r"state.kept\['model'\] is a SAGE"):
+        gbrun.checkpoint.check_plain(state.kept, "state.kept")
     # A run with a scheduler refuses a checkpoint without one.
     del saved["scheduler"]
     with pytest.raises(gbrun.UsageError, match="has no scheduler state"):
