@@ -7,7 +7,10 @@
 It makes a 20,000-node synthetic dataset in a temporary directory and runs
 the example briefly (2 epochs of 8 batches) in each GPU mode: pinned-cuda
 with the GPU cache, cpu-cuda, cuda-cuda, bf16, and a pinned-cuda run stopped
-by SIGTERM inside an epoch, resumed, whose model.pt then loads on the CPU.
+by SIGTERM inside an epoch, resumed, whose model.pt then loads on the CPU;
+then on DGL's distributed engine, one graph server and one trainer per GPU
+on this machine, started as DGL's tools/launch.py starts them, whose
+model.pt loads on the CPU.
 A run passes if it exits as expected and tests well above chance (0.1; runs
 like these reach about 0.77 on CPU ranks). Where torch or DGL has no CUDA
 (PyPI's dgl is a CPU-only build, see docs/gpus.md) it says so and skips
@@ -26,6 +29,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(os.path.dirname(HERE), "node_classification.py")
+DIST_TRAINER = os.path.join(HERE, "dist_node_classification.py")
 QUICK = ["--epochs", "2", "--batch-size", "256", "--max-batches", "8",
          "--seed", "0"]
 LEARNED = 0.5  # a test accuracy that shows the model learned on the GPU
@@ -102,6 +106,44 @@ def stop_and_resume(gpus, dataset, workdir):
     return learned(resumed) + ", model.pt loads on the CPU"
 
 
+def distributed(gpus, dataset, workdir, *extra):
+    """One machine on DGL's distributed engine: a graph server and one
+    trainer per GPU of `gpus` (each on the GPU of its LOCAL_RANK, NCCL)."""
+    from gbrun.distributed import start_one_machine
+
+    parts = os.path.join(workdir, "parts")
+    subprocess.run([sys.executable, os.path.join(HERE, "partition_graph.py"),
+                    "--dataset", dataset, "--num-parts", "1", "--out", parts],
+                   check=True, capture_output=True)
+    ckpt = os.path.join(workdir, "dist_ckpt")
+    server, trainers = start_one_machine(
+        [DIST_TRAINER, *QUICK, "--checkpoint-dir", ckpt, *extra],
+        os.path.join(parts, "data.json"), len(gpus.split(",")), workdir,
+        env={"CUDA_VISIBLE_DEVICES": gpus})
+    try:
+        code = trainers.wait(timeout=600)
+        server.wait(timeout=60)
+    finally:
+        for process in (server, trainers):
+            process.kill()
+    with open(os.path.join(workdir, "trainers.txt")) as f:
+        output = f.read()
+    if code != 0:
+        lines = [line for line in output.splitlines() if line.strip()]
+        raise CheckFailed(f"the trainers exited {code}: "
+                          f"{lines[-1] if lines else '(no output)'}")
+    if "cpu-cpu" in output and "cpu-cpu" not in extra:
+        raise CheckFailed("the trainers trained on the CPU: "
+                          + output.split("cpu-cpu", 1)[0].splitlines()[-1])
+    loaded = subprocess.run(
+        [sys.executable, "-c", LOAD_ON_CPU, os.path.join(ckpt, "model.pt")],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    if loaded.returncode != 0:
+        raise CheckFailed("model.pt does not load on the CPU")
+    return learned(output) + ", model.pt loads on the CPU"
+
+
 def mode_check(*extra):
     return lambda gpus, dataset, workdir: learned(example(gpus, dataset, *extra))
 
@@ -115,6 +157,7 @@ CHECKS = {
     "bf16, pinned-cuda": mode_check(
         "--mode", "pinned-cuda", "--precision", "bf16"),
     "SIGTERM in an epoch, resume": stop_and_resume,
+    "distributed, a trainer a GPU": distributed,
 }
 
 

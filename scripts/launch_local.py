@@ -15,18 +15,22 @@ launcher gives each simulated machine what DGL expects from a real one:
 
 It then starts the servers and trainers of every machine with the same
 environment variables tools/launch.py sets, streams trainer 0's output
-unchanged to stdout (everything else, prefixed, to stderr), and stops the job
-as soon as any process fails. Every process it created is stopped at the end,
-on failure, on Ctrl-C, on timeout and (by SIGKILL from the kernel) when the
-launcher itself is killed; the namespaces have no names and vanish with their
-processes. Needs root, iproute2 and util-linux (ip, unshare, nsenter, setpriv). Nothing
-leaves the namespaces: the bridge has no route to any other network.
+unchanged to stdout and stderr (everything else, prefixed, to stderr), and
+stops the job as soon as any process fails. SIGTERM or SIGINT (Ctrl-C) asks
+every trainer to stop at one step with a checkpoint, as a scheduler's
+signal would; a second one, SIGHUP, a failure or the timeout stop the job
+at once. Every process it created is stopped at the end and (by SIGKILL
+from the kernel) when the launcher itself is killed; the namespaces have no
+names and vanish with their processes. Needs root, iproute2 and util-linux
+(ip, unshare, nsenter, setpriv). Nothing leaves the namespaces: the bridge
+has no route to any other network.
 
     python scripts/launch_local.py --part-config partitions/synthetic/synthetic.json \
         --num-machines 2 --trainers-per-machine 1 -- --epochs 10 --batch-size 1024
 
 Arguments after `--` go to the training script; the launcher adds
---ip-config and --part-config itself.
+--ip-config and --part-config itself. It imports no torch, so that it
+starts and refuses bad input at once.
 
 Call tree:
 main
@@ -36,7 +40,8 @@ main
     ├── start_holder          namespaces: a hub with a bridge, one per machine
     ├── link_machines         veth pairs from the machines to the bridge
     ├── start_process         servers, then trainers, via nsenter
-    ├── wait_for_job          first failure or the timeout stops everything
+    ├── wait_for_job          first failure or the timeout stops everything;
+    │                         a stop request goes to the trainers
     └── cleanup               kill the process groups (namespaces go with them)
 """
 import argparse
@@ -53,15 +58,9 @@ import tempfile
 import threading
 import time
 
+from gbrun.cli import ArgumentParser, fail, int_at_least, positive_float
+
 DEFAULT_SCRIPT = os.path.join(os.path.dirname(__file__), "dist_node_classification.py")
-
-
-def fail(message):
-    """node_classification.fail's convention (one line, exit 2); the
-    launcher keeps its own so that it loads no torch."""
-    print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
 
 # Interface name of each machine's link inside its own namespace.
 MACHINE_IFNAME = "eth0"
@@ -73,7 +72,7 @@ DIE_WITH_LAUNCHER = ["setpriv", "--pdeathsig", "KILL", "--"]
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description="Simulate a multi-machine DGL distributed job on one host "
         "(root + iproute2). Trainer arguments follow '--'.",
     )
@@ -82,15 +81,16 @@ def parse_args(argv=None):
         help="Partition config from partition_graph.py (one partition per machine).",
     )
     parser.add_argument(
-        "--num-machines", type=int, required=True,
+        "--num-machines", type=int_at_least(1), required=True,
         help="Simulated machines; must equal the number of partitions.",
     )
     parser.add_argument(
-        "--trainers-per-machine", type=int, default=1,
-        help="Trainer processes per machine. Default: 1",
+        "--trainers-per-machine", type=int_at_least(1), default=1,
+        help="Trainer processes per machine; on GPUs, one per GPU, as DGL's "
+        "--num_gpus. Default: 1",
     )
     parser.add_argument(
-        "--servers-per-machine", type=int, default=1,
+        "--servers-per-machine", type=int_at_least(1), default=1,
         help="Graph server processes per machine (1 main + backups). Default: 1",
     )
     parser.add_argument(
@@ -99,11 +99,11 @@ def parse_args(argv=None):
         "Default: dist_node_classification.py beside this launcher.",
     )
     parser.add_argument(
-        "--omp-threads", type=int, default=None,
+        "--omp-threads", type=int_at_least(1), default=None,
         help="OMP threads per trainer. Default: host cores / all trainers, at least 1.",
     )
     parser.add_argument(
-        "--timeout", type=float, default=1800,
+        "--timeout", type=positive_float, default=1800,
         help="Stop the whole job after this many seconds. Default: 1800",
     )
     parser.add_argument(
@@ -118,28 +118,20 @@ def parse_args(argv=None):
 
 def read_num_samplers(trainer_args):
     """DGL needs the sampler count in the environment of every process."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--num-workers", type=int, default=0)
+    parser = ArgumentParser(add_help=False)
+    parser.add_argument("--num-workers", type=int_at_least(0), default=0)
     known, _ = parser.parse_known_args(trainer_args)
     return known.num_workers
 
 
 def validate_args(args):
     """One clear line for each bad value, before anything is created."""
-    for name in ("num_machines", "trainers_per_machine", "servers_per_machine"):
-        if getattr(args, name) < 1:
-            fail(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.timeout <= 0:
-        fail(f"--timeout must be positive, got {args.timeout}")
-    if args.omp_threads is not None and args.omp_threads < 1:
-        fail(f"--omp-threads must be at least 1, got {args.omp_threads}")
     if not os.path.isfile(args.script):
         fail(f"--script {args.script} does not exist")
     for flag in ("--ip-config", "--part-config"):
         if any(a == flag or a.startswith(flag + "=") for a in args.trainer_args):
             fail(f"do not pass {flag} after '--'; the launcher sets it")
-    if read_num_samplers(args.trainer_args) < 0:
-        fail("--num-workers must not be negative")
+    read_num_samplers(args.trainer_args)  # refuses a bad --num-workers
     try:
         with open(args.part_config) as f:
             config = json.load(f)
@@ -278,29 +270,51 @@ def link_machines(hub_pid, machines, machine_pids, env):
         ip_in(pid, env, "link", "set", MACHINE_IFNAME, "up")
 
 
-def forward_output(proc, name, passthrough):
-    """Trainer 0 prints the job's result lines unchanged; others are prefixed."""
-    for line in proc.stdout:
-        if passthrough:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-        else:
-            sys.stderr.write(f"[{name}] {line}")
+# What the launcher wrote last to stderr ended a line (trainer 0's progress
+# bar may end without one).
+STDERR_AT_LINE_START = [True]
+
+
+def forward_output(stream, to, prefix=""):
+    """Copies a process's output line by line (with `prefix`) to `to`."""
+    for line in stream:
+        to.write(prefix + line)
+        to.flush()
+        if to is sys.stderr:
+            STDERR_AT_LINE_START[0] = line.endswith("\n")
 
 
 def start_process(spec, holder_pid, command, marked_env):
+    """Trainer 0's stdout and stderr go to the launcher's unchanged (the
+    job's result lines, progress bars); every other process's output goes to
+    stderr, each line prefixed with its name."""
     env = dict(marked_env, **spec["env"])
-    proc = subprocess.Popen(
-        [*DIE_WITH_LAUNCHER, "nsenter", "--target", str(holder_pid), "--mount",
-         "--net", f"--wd={os.getcwd()}", "--", *command],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        # Own process group: cleanup also reaches sampler processes it spawns.
-        start_new_session=True,
-    )
     passthrough = spec.get("rank") == 0
-    thread = threading.Thread(target=forward_output, args=(proc, spec["name"], passthrough), daemon=True)
-    thread.start()
-    return {"spec": spec, "proc": proc, "thread": thread}
+    # A trainer is born with SIGINT and SIGTERM blocked (the mask survives
+    # exec) until it handles them as a stop request (gbrun's StopSignal):
+    # a stop that comes while it starts waits for it, instead of killing it.
+    blocked = {signal.SIGINT, signal.SIGTERM} if spec["role"] == "trainer" else set()
+    signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        proc = subprocess.Popen(
+            [*DIE_WITH_LAUNCHER, "nsenter", "--target", str(holder_pid), "--mount",
+             "--net", f"--wd={os.getcwd()}", "--", *command],
+            env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE if passthrough else subprocess.STDOUT, text=True,
+            # Own process group: cleanup also reaches sampler processes it spawns.
+            start_new_session=True,
+        )
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
+    copies = [(proc.stdout, sys.stdout, "")] if passthrough else [
+        (proc.stdout, sys.stderr, f"[{spec['name']}] ")]
+    if passthrough:
+        copies.append((proc.stderr, sys.stderr, ""))
+    threads = [threading.Thread(target=forward_output, args=copy, daemon=True)
+               for copy in copies]
+    for thread in threads:
+        thread.start()
+    return {"spec": spec, "proc": proc, "threads": threads}
 
 
 def is_listening(pid, port):
@@ -332,8 +346,39 @@ def watch_exit(item, exits):
     exits.put((item, item["proc"].wait()))
 
 
-def wait_for_job(running, exits, deadline):
-    """Return None on success, or one line saying why the job failed."""
+class StopRequest:
+    """The launcher's SIGTERM and SIGINT handler. The first one is passed on
+    to every trainer started (and to those started later), which stop at
+    one step with a checkpoint (the job then exits 128 + its number); a
+    second one, or SIGHUP, stops the whole job at once: raising here
+    unwinds through run_job's finally, which cleans up."""
+
+    def __init__(self):
+        self.signum = 0
+        self.trainers = []
+        self.took_effect = False  # a trainer stopped on it
+
+    def __call__(self, signum, frame):
+        if self.signum or signum == signal.SIGHUP:
+            raise SystemExit(128 + signum)
+        self.signum = signum
+        for proc in self.trainers:
+            self.send(proc)
+
+    def send(self, proc):
+        if self.signum and proc.poll() is None:
+            proc.send_signal(self.signum)
+
+    def stopped(self, code):
+        """True once a trainer has exited with the stop's status."""
+        if self.signum and code == 128 + self.signum:
+            self.took_effect = True
+        return self.took_effect
+
+
+def wait_for_job(running, exits, deadline, stop):
+    """Return None on success or a stop, or one line saying why the job
+    failed."""
     trainers_left = sum(item["spec"]["role"] == "trainer" for item in running)
     processes_left = len(running)
     servers_deadline = None
@@ -346,7 +391,8 @@ def wait_for_job(running, exits, deadline):
                 return "servers did not shut down after the trainers finished"
             return "the job did not finish within --timeout; stopping it"
         # The first failure is the cause; later ones are usually its echo.
-        if code != 0:
+        trainer = item["spec"]["role"] == "trainer"
+        if code != 0 and not (trainer and stop.stopped(code)):
             return f"{item['spec']['name']} exited with code {code}; stopping the job"
         processes_left -= 1
         if item["spec"]["role"] == "trainer":
@@ -377,14 +423,15 @@ def cleanup(running, holders, work_dir):
     for item in running:
         kill_group(item["proc"])
     for item in running:
-        item["thread"].join(timeout=5)
+        for thread in item["threads"]:
+            thread.join(timeout=5)
     # The namespaces, the bridge and the veth pairs go with their holders.
     for holder in holders:
         kill_group(holder)
     shutil.rmtree(work_dir, ignore_errors=True)
 
 
-def run_job(args, run_id):
+def run_job(args, run_id, stop):
     work_dir = tempfile.mkdtemp(prefix=f"dglsim{run_id}-")
     # Marks every process of this run, so leftovers can be found (the tests do).
     marked_env = dict(os.environ, DGLSIM_RUN=str(run_id))
@@ -411,9 +458,12 @@ def run_job(args, run_id):
                 holder_pid = machine_pids[spec["machine"]["id"]]
                 running.append(start_process(spec, holder_pid, plan["command"], marked_env))
                 threading.Thread(target=watch_exit, args=(running[-1], exits), daemon=True).start()
+                if role == "trainer":
+                    stop.trainers.append(running[-1]["proc"])
+                    stop.send(running[-1]["proc"])  # a stop before it started
             if role == "server":
                 wait_until_servers_listen(running, deadline)
-        failure = wait_for_job(running, exits, deadline)
+        failure = wait_for_job(running, exits, deadline, stop)
     except RuntimeError as e:
         failure = str(e)
     finally:
@@ -424,22 +474,22 @@ def run_job(args, run_id):
     return failure
 
 
-def _exit_on_signal(signum, frame):
-    # Raising here unwinds through run_job's finally, which cleans up.
-    raise SystemExit(128 + signum)
-
-
 def main():
     args = parse_args()
     validate_args(args)
     check_prerequisites()
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    signal.signal(signal.SIGINT, _exit_on_signal)
-    signal.signal(signal.SIGHUP, _exit_on_signal)
-    failure = run_job(args, run_id=os.getpid())
+    stop = StopRequest()
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, stop)
+    failure = run_job(args, os.getpid(), stop)
     if failure is not None:
-        print(f"error: {failure}", file=sys.stderr)
+        newline = "" if STDERR_AT_LINE_START[0] else "\n"
+        print(f"{newline}error: {failure}", file=sys.stderr)
         sys.exit(1)
+    if stop.took_effect:
+        # Trainer 0 said where it stopped and how to resume. (Signalled
+        # during the last validation or the test, the run finished: 0.)
+        sys.exit(128 + stop.signum)
 
 
 if __name__ == "__main__":

@@ -22,87 +22,64 @@ Run it once, on one machine, before training:
 
 The output directory holds `<graph-name>.json` (the partition config to pass
 as --part-config), one `partN/` directory per machine, `dataset_info.json`
-(number of classes and feature size, which the partitions do not record) and
-`orig_nids.pt` (partitioning renumbers nodes: entry i is the dataset id of
-node i of the partitioned graph).
+(what the example reads and the number of classes, which the partitions do
+not record) and `orig_nids.pt` (partitioning renumbers nodes: entry i is the
+dataset id of node i of the partitioned graph).
 
 Call tree:
 main
-├── parse_args / validate_args
-├── load_dataset               node_classification.py's (directory or builtin name)
-├── dataset_to_dgl_graph       CSC graph + feat + label + train/val/test masks
-│   └── task_set_columns       seed ids and labels of one train/val/test set
-├── read_num_classes
-├── partition                  dgl.distributed.partition_graph (HIGHLIGHT)
-└── write_dataset_info         dataset_info.json beside the partition config
+├── parse_args
+├── load_dataset / check_dataset  as the example loads and checks it
+├── dataset_to_dgl_graph          CSC graph + the example's features and
+│                                 labels + train/val/test masks
+├── partition                     dgl.distributed.partition_graph (HIGHLIGHT)
+└── write_dataset_info            dataset_info.json beside the partition config
 """
-import argparse
 import json
 import os
+
+import gbrun  # first: it says in one line if DGL cannot load
 
 import dgl
 import torch
 
-from gbrun import UsageError, fail, load_dataset
-
-# Node data the trainer reads from the DistGraph; the names are its contract.
-NODE_DATA = ("feat", "label", "train_mask", "val_mask", "test_mask")
 DATASET_INFO_FILE = "dataset_info.json"
 # orig_nids[i] is the dataset id of node i in the partitioned graph.
 ORIG_NIDS_FILE = "orig_nids.pt"
+DEFAULT_EXAMPLE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    "node_classification.py")
+SPLIT_MASKS = ("train_mask", "val_mask", "test_mask")
 
 
-def task_set_columns(item_set, set_name):
-    """Return (seed node ids, labels) of one node-classification set."""
-    if item_set is None or item_set.names != ("seed_nodes", "labels"):
-        names = None if item_set is None else item_set.names
-        fail(
-            f"{set_name} must hold (seed_nodes, labels) for node "
-            f"classification, got {names}"
-        )
-    seed_nodes, labels = item_set[:]
-    return seed_nodes.long(), labels.long()
-
-
-def dataset_to_dgl_graph(dataset):
-    """Build a homogeneous DGLGraph carrying every array the trainer needs."""
+def dataset_to_dgl_graph(dataset, item_sets, feature_keys, label_key):
+    """A homogeneous DGLGraph carrying what the trainer reads: the features
+    `feature_keys`, the labels of the split nodes (the example's checked
+    `item_sets`) as node data `label_key`, and a mask per split."""
     graph = dataset.graph
     if graph.node_type_offset is not None:
-        fail("heterogeneous graphs are not supported by this example")
+        raise gbrun.UsageError("heterogeneous graphs are not supported by "
+                               "this example")
     num_nodes = graph.total_num_nodes
     indptr = graph.csc_indptr.long()
     # CSC: indptr runs over destination nodes, indices are the source nodes.
     dst = torch.repeat_interleave(torch.arange(num_nodes), indptr.diff())
     g = dgl.graph((graph.indices.long(), dst), num_nodes=num_nodes)
-
-    if not dataset.tasks:
-        fail("the dataset has no task; a node classification task is needed")
-    try:
-        g.ndata["feat"] = dataset.feature.read("node", None, "feat")
-    except KeyError:
-        fail("the dataset has no node feature named feat")
-    # Nodes outside every set keep label -1: the trainer never reads them.
-    g.ndata["label"] = torch.full((num_nodes,), -1, dtype=torch.int64)
-    task = dataset.tasks[0]
-    sets = {
-        "train_mask": task.train_set,
-        "val_mask": task.validation_set,
-        "test_mask": task.test_set,
-    }
-    for mask_name, item_set in sets.items():
-        seed_nodes, labels = task_set_columns(item_set, mask_name[:-5] + " set")
+    for key in feature_keys:
+        g.ndata[key] = dataset.feature.read(*gbrun.node_key(key))
+    labels = item_sets[0][:][1]
+    # Nodes outside every split keep label -1 (zeros when multi-hot): the
+    # trainer never reads them.
+    g.ndata[label_key] = torch.full((num_nodes, *labels.shape[1:]),
+                                    -1 if labels.dim() == 1 else 0,
+                                    dtype=labels.dtype)
+    for mask_name, item_set in zip(SPLIT_MASKS, item_sets):
+        seeds, labels = item_set[:]
         mask = torch.zeros(num_nodes, dtype=torch.bool)
-        mask[seed_nodes] = True
+        mask[seeds.long()] = True
         g.ndata[mask_name] = mask
-        g.ndata["label"][seed_nodes] = labels
+        g.ndata[label_key][seeds.long()] = labels
     return g
-
-
-def read_num_classes(dataset):
-    num_classes = dataset.tasks[0].metadata.get("num_classes")
-    if num_classes is None:
-        fail("the dataset's task has no num_classes in metadata.yaml")
-    return int(num_classes)
 
 
 def partition(g, graph_name, num_parts, out_dir, options):
@@ -133,13 +110,17 @@ def partition(g, graph_name, num_parts, out_dir, options):
     return os.path.join(out_dir, graph_name + ".json"), orig_nids
 
 
-def write_dataset_info(out_dir, graph_name, num_classes, feat_dim, use_graphbolt):
-    """Record what the partition config does not: classes and feature size."""
+def write_dataset_info(out_dir, graph_name, g, example, num_classes,
+                       use_graphbolt):
+    """Record what the partition config does not: the features and labels
+    the example reads, the number of classes and of training nodes."""
     info = {
         "graph_name": graph_name,
         "num_classes": num_classes,
-        "feat_dim": feat_dim,
-        "node_data": list(NODE_DATA),
+        "features": {key: g.ndata[key].shape[1] for key in example.FEATURE_KEYS},
+        "label_key": example.LABEL_KEY,
+        "labels": example.LABELS,
+        "num_train": int(g.ndata["train_mask"].sum()),
         "use_graphbolt": use_graphbolt,
     }
     path = os.path.join(out_dir, DATASET_INFO_FILE)
@@ -149,7 +130,7 @@ def write_dataset_info(out_dir, graph_name, num_classes, feat_dim, use_graphbolt
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = gbrun.ArgumentParser(
         description="Partition a GraphBolt OnDiskDataset for DGL distributed "
         "training (one partition per machine)."
     )
@@ -165,7 +146,14 @@ def parse_args(argv=None):
         help="Download directory for builtin datasets. Default: datasets",
     )
     parser.add_argument(
-        "--num-parts", type=int, required=True, help="Number of machines."
+        "--example", type=gbrun.python_file, default=DEFAULT_EXAMPLE,
+        help="The example whose features (FEATURE_KEYS) and labels "
+        "(LABEL_KEY, LABELS) the partitions hold. Default: "
+        "node_classification.py of this repository.",
+    )
+    parser.add_argument(
+        "--num-parts", type=gbrun.int_at_least(1), required=True,
+        help="Number of machines.",
     )
     parser.add_argument(
         "--out", required=True, help="Output directory for the partitions."
@@ -197,29 +185,29 @@ def parse_args(argv=None):
         help="Also write each partition as a GraphBolt FusedCSCSamplingGraph "
         "(needed to train with --use-graphbolt).",
     )
-    return parser.parse_args(argv)
-
-
-def validate_args(args):
-    """Fail with one line before any heavy work."""
-    if args.num_parts < 1:
-        fail(f"--num-parts must be at least 1, got {args.num_parts}")
+    args = parser.parse_args(argv)
     if os.path.isfile(args.out):
-        fail(f"--out {args.out} is a file, expected a directory")
+        parser.error(f"--out {args.out} is a file, expected a directory")
+    return args
 
 
-def main():
-    args = parse_args()
-    validate_args(args)
+def main(argv=None):
+    args = parse_args(argv)
     try:
-        dataset = load_dataset(args.dataset, args.root)
-    except UsageError as error:
-        fail(error)
+        example = gbrun.load_example(
+            args.example, ("FEATURE_KEYS", "LABEL_KEY", "LABELS"))
+        dataset = gbrun.load_dataset(args.dataset, args.root)
+        item_sets = gbrun.check_dataset(
+            dataset, args.dataset, example.FEATURE_KEYS, example.LABEL_KEY,
+            example.LABELS)
+        g = dataset_to_dgl_graph(dataset, item_sets, example.FEATURE_KEYS,
+                                 example.LABEL_KEY)
+    except gbrun.UsageError as error:
+        gbrun.fail(error)
+    num_classes = int(dataset.tasks[0].metadata["num_classes"])
     graph_name = args.graph_name or os.path.basename(
         os.path.normpath(args.dataset)
     )
-    g = dataset_to_dgl_graph(dataset)
-    num_classes = read_num_classes(dataset)
     print(
         f"Graph {graph_name}: {g.num_nodes()} nodes, {g.num_edges()} edges, "
         f"{int(g.ndata['train_mask'].sum())} train / "
@@ -236,13 +224,8 @@ def main():
         g, graph_name, args.num_parts, args.out, options
     )
     torch.save(orig_nids, os.path.join(args.out, ORIG_NIDS_FILE))
-    info_path = write_dataset_info(
-        args.out,
-        graph_name,
-        num_classes,
-        g.ndata["feat"].shape[1],
-        args.use_graphbolt,
-    )
+    info_path = write_dataset_info(args.out, graph_name, g, example,
+                                   num_classes, args.use_graphbolt)
     with open(part_config) as f:
         config = json.load(f)
     for part_id in range(args.num_parts):

@@ -190,3 +190,79 @@ def test_bf16_autocasts_only_where_the_device_computes_bf16():
     assert plan_run(args, {}, machine).autocast
     assert plan(["--precision", "bf16"], cuda=True, num_gpus=1).autocast
     assert not plan([]).autocast
+
+
+# --- Trainers on DGL's distributed engine (scripts/dist_node_classification.py)
+TRAINER_1_OF_MACHINE_1 = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
+                          "LOCAL_WORLD_SIZE": "2"}
+
+
+def trainer_plan(argv, cuda=False, num_gpus=0, dgl_cuda=None, env=None):
+    dgl_cuda = cuda if dgl_cuda is None else dgl_cuda
+    machine = Machine(cuda, dgl_cuda, num_gpus, 8)
+    return plan_run(parse_args(argv), env or TRAINER_1_OF_MACHINE_1, machine,
+                    distributed=True)
+
+
+def test_a_distributed_trainer_takes_the_gpu_of_its_local_rank_with_nccl():
+    # As DGL's example maps trainers to --num_gpus GPUs: the machine's
+    # second trainer trains on its second GPU; the graph stays on the
+    # servers (CPU storage).
+    p = trainer_plan([], cuda=True, num_gpus=2)
+    assert (p.mode, p.storage, p.backend) == ("cpu-cuda", "cpu", "nccl")
+    assert p.devices == ["cuda:1"] and p.rank_offset == 3
+    assert p.init_method == "env://" and p.notices == []
+    cpu = trainer_plan([])
+    assert (cpu.mode, cpu.backend, cpu.devices) == ("cpu-cpu", "gloo", ["cpu"])
+    assert "one CPU process per trainer" in cpu.notices[0]
+
+
+def test_distributed_trainers_with_a_cpu_only_dgl_train_on_the_cpu():
+    p = trainer_plan([], cuda=True, num_gpus=2, dgl_cuda=False)
+    assert (p.mode, p.backend, p.devices) == ("cpu-cpu", "gloo", ["cpu"])
+    assert p.notices == [
+        "torch sees 2 GPU(s), but this DGL is a CPU-only build: using --mode "
+        "cpu-cpu (one CPU process per trainer, gloo backend). To train on "
+        f"the GPUs: {INSTALL_CUDA_DGL}"]
+
+
+def test_more_trainers_than_gpus_on_a_machine_is_refused():
+    with pytest.raises(UsageError) as refused:
+        trainer_plan([], cuda=True, num_gpus=1)
+    assert str(refused.value) == (
+        "2 trainers on this machine, one per GPU, but it has 1 CUDA "
+        "device(s): start at most 1 trainers per machine, or train on the "
+        "CPU (--mode cpu-cpu)")
+    assert trainer_plan(["--mode", "cpu-cpu"], cuda=True,
+                        num_gpus=1).devices == ["cpu"]
+
+
+@pytest.mark.parametrize("mode", ["pinned-cuda", "cuda-cuda"])
+def test_distributed_trainers_leave_the_graph_on_the_servers(mode):
+    with pytest.raises(UsageError, match=f"--mode {mode}: on DGL's "
+                       "distributed engine the graph and features stay on "
+                       "the graph servers"):
+        trainer_plan(["--mode", mode], cuda=True, num_gpus=2)
+
+
+def test_a_graph_server_refuses_a_machine_with_too_few_gpus(tmp_path,
+                                                            monkeypatch):
+    # A server checks the plan of its machine's last trainer, so that the
+    # whole job refuses (a server left waiting for trainers that refused
+    # would never end): 2 machines, 4 trainers, 1 GPU a machine.
+    import gbrun.launch
+    import dist_node_classification as trainer
+
+    monkeypatch.setattr(gbrun.launch, "detect_machine",
+                        lambda precision: Machine(True, True, 1, 8))
+    ip_config = tmp_path / "ip_config.txt"
+    ip_config.write_text("10.0.0.1\n10.0.0.2\n")
+    args = parse_args([])
+    args.ip_config, args.num_workers = str(ip_config), 0
+    server = {"DGL_ROLE": "server", "DGL_NUM_CLIENT": "4"}
+    with pytest.raises(UsageError, match="2 trainers on this machine, one "
+                       "per GPU, but it has 1 CUDA device"):
+        trainer.plan_devices(args, server)
+    # With one trainer a machine it plans as that trainer would.
+    assert trainer.plan_devices(args, {**server, "DGL_NUM_CLIENT": "2"}
+                                ).devices == ["cuda:0"]

@@ -1,0 +1,253 @@
+"""DGL's distributed engine (DistGraph, graph servers) under the example's
+own training loop: a trainer's mini-batches in the shape GraphBolt hands
+the example, and processes that end when their job has failed.
+
+DGL 2.1-2.4 leave a job running for ever when a trainer dies: a server
+exits only on a shutdown request, which only a trainer's clean exit sends
+after every other trainer has reached the same point, and DGL's sampler
+processes wait for tasks from a trainer that is gone (read in
+dgl/distributed/dist_context.py and rpc_server.py at v2.1.0, unchanged
+through v2.4.0). DGL's tools/launch.py waits for the servers first, so the
+job never ends. Here a server leaves once every trainer and sampler it
+served has gone (exit_when_clients_are_gone), and a sampler dies with its
+trainer (die_with_trainer).
+"""
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from types import SimpleNamespace
+
+import dgl
+import torch
+
+from .data import Batches, derived_seed
+
+# How long a server waits, once its last client has gone, before it
+# leaves: a clean shutdown (every trainer done) comes well within it.
+CLIENTS_GONE_GRACE_S = 10
+# How long a server waits for its first client (a trainer that failed before
+# connecting never comes).
+FIRST_CLIENT_TIMEOUT_S = 30 * 60
+ESTABLISHED, CLOSE_WAIT = "01", "08"
+
+
+def node_dataloader_class():
+    """DistNodeDataLoader: in dgl.distributed since 2.4, in dgl.dataloading
+    before (told apart by what the modules hold, not by version)."""
+    return getattr(dgl.distributed, "DistNodeDataLoader", None) or (
+        dgl.dataloading.DistNodeDataLoader)
+
+
+class DistLoader:
+    """What the example's loop calls a data loader, on a DistGraph: this
+    trainer's nodes `nids` of one split, `batch_size` seeds a batch, their
+    neighbors sampled with `fanout`, the node features `feature_keys` and
+    the labels `label_key` fetched from the servers that own them, on
+    `device`. A training loader (`num_batches` given) shuffles its nodes
+    every epoch and hands out that many full batches, as many as every
+    other trainer (GraphBolt's drop_last and drop_uneven_inputs); an
+    evaluation loader hands out every node once. `record`: a list that
+    gets (pass name, this pass's node order, the seeds of each batch
+    handed out), for --dump-seeds."""
+
+    def __init__(self, g, nids, fanout, batch_size, feature_keys, label_key,
+                 device, num_batches=None, dtype=None, record=None):
+        self.g, self.nids, self.batch_size = g, nids, batch_size
+        self.sampler = dgl.dataloading.NeighborSampler(fanout)
+        self.feature_keys, self.label_key = feature_keys, label_key
+        self.device, self.dtype = device, dtype
+        self.num_batches, self.record = num_batches, record
+        self.fail_after = None  # --fail-after-batches, for the tests
+
+    def order(self, seed, rank, epoch):
+        """The nodes of one pass in the order they are handed out."""
+        if self.num_batches is None:
+            return self.nids
+        generator = torch.Generator()
+        if seed is not None:
+            generator.manual_seed(derived_seed(seed, rank, epoch))
+        else:
+            generator.seed()
+        shuffled = self.nids[torch.randperm(len(self.nids),
+                                            generator=generator)]
+        return shuffled[: self.num_batches * self.batch_size]
+
+    def batch(self, input_nodes, seeds, blocks):
+        """A DistGraph mini-batch as the example reads a GraphBolt one."""
+        features = {}
+        for key in self.feature_keys:
+            values = self.g.ndata[key][input_nodes]
+            features[key] = values.to(self.dtype or values.dtype)
+        return SimpleNamespace(
+            seeds=seeds,
+            blocks=[block.to(self.device) for block in blocks],
+            node_features={key: value.to(self.device)
+                           for key, value in features.items()},
+            labels=self.g.ndata[self.label_key][seeds].to(self.device),
+        )
+
+
+class DistBatches(Batches):
+    """Batches of a DistLoader: one DistNodeDataLoader a pass, over exactly
+    the nodes this pass hands out (after the `skip` batches a stopped run
+    trained, at most `limit` in all), so no request is left behind in DGL's
+    sampler processes when a pass ends. Shuffling derives from (seed,
+    rank, epoch); the neighbors are sampled by DGL's servers and the
+    trainer's own DGL random generator, which the seed does not reach."""
+
+    def source(self):
+        loader, size = self.dataloader, self.dataloader.batch_size
+        order = loader.order(self.seed, self.rank, self.epoch or 0)
+        total = -(-len(order) // size)
+        if self.limit is not None:
+            total = min(total, self.limit)
+        handed_out = []
+        if loader.record is not None:
+            loader.record.append((self.name, order, handed_out))
+        nids = order[self.step * size: total * size]
+        if len(nids) == 0:
+            return iter(()), total
+        sampled = node_dataloader_class()(
+            loader.g, nids, loader.sampler, batch_size=size, shuffle=False,
+            drop_last=False)
+
+        def batches():
+            for step, (input_nodes, seeds, blocks) in enumerate(
+                    sampled, self.step):
+                if step == loader.fail_after:
+                    raise RuntimeError(
+                        f"--fail-after-batches {step} on rank {self.rank}")
+                handed_out.append(seeds)
+                yield loader.batch(input_nodes, seeds, blocks)
+
+        return batches(), total
+
+
+def exit_when_clients_are_gone(port, grace_s=CLIENTS_GONE_GRACE_S,
+                               first_timeout_s=FIRST_CLIENT_TIMEOUT_S,
+                               poll_s=1.0):
+    """In a graph server, before it starts serving (a daemon thread): the
+    server process exits with status 1 once every client connection to
+    `port` (trainers and samplers) has closed for `grace_s` without the
+    shutdown request that ends a job well, or when no client has come
+    within `first_timeout_s`. DGL's server would otherwise wait for ever:
+    the receive thread of a client that died without closing its stream
+    spins on the closed socket, and the shutdown request never comes."""
+
+    def watch():
+        started, seen, gone_since = time.monotonic(), False, None
+        while True:
+            states = connection_states(port)
+            seen = seen or bool(states)
+            if ESTABLISHED in states:
+                gone_since = None
+            elif seen:
+                gone_since = gone_since or time.monotonic()
+                if time.monotonic() - gone_since > grace_s:
+                    leave("every trainer has gone without shutting the "
+                          "graph servers down (a trainer failed)")
+            elif time.monotonic() - started > first_timeout_s:
+                leave(f"no trainer connected within {first_timeout_s} s")
+            time.sleep(poll_s)
+
+    threading.Thread(target=watch, daemon=True, name="clients-gone").start()
+
+
+def connection_states(port):
+    """The TCP states (hex, as /proc/net/tcp shows them) of this network
+    namespace's sockets whose local port is `port`, but the listening one."""
+    states = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = [line.split() for line in f.readlines()[1:]]
+        except OSError:
+            continue
+        states.update(row[3] for row in rows
+                      if int(row[1].rsplit(":", 1)[1], 16) == port
+                      and row[3] != "0A")
+    return states
+
+
+def leave(reason):
+    print(f"graph server {os.getpid()}: {reason}; exiting", file=sys.stderr,
+          flush=True)
+    os._exit(1)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_trainer(trainer_pid):
+    """In each of DGL's sampler processes (a task the trainer sends them
+    all): SIGKILL when the trainer dies, instead of waiting for its tasks
+    for ever."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != trainer_pid:  # it died before the prctl
+        os._exit(1)
+
+
+def samplers_die_with_trainer():
+    """Sends die_with_trainer to this trainer's DGL sampler processes, if
+    it has any (DGL_NUM_SAMPLER > 0)."""
+    from dgl.distributed.dist_context import get_sampler_pool
+
+    pool, _ = get_sampler_pool()
+    if pool is not None:
+        pool.submit_task_to_all_workers(die_with_trainer, os.getpid())
+
+
+def fail_fast():
+    """A trainer's end on any error: its traceback, then exit status 1 at
+    once. A clean exit would wait for ever in DGL's exit hook (a barrier
+    with the other trainers) and in gloo's teardown; the other trainers
+    fail at their next collective, and the servers and samplers leave once
+    their trainers have gone (see above)."""
+    traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def start_one_machine(command, part_config, num_trainers, out_dir,
+                      samplers=0, env=None):
+    """Starts a one-machine job on this host as DGL's tools/launch.py
+    starts a machine's part (v2.1.0, the same through v2.4.0): one graph
+    server running `command` (a training script and its arguments) with
+    DGL_ROLE=server, and `num_trainers` trainers running it under
+    torch.distributed.run, each with the environment launch.py exports, on
+    127.0.0.1. Nothing watches or kills them. Their output goes to
+    out_dir/server.txt and out_dir/trainers.txt; returns (server, trainers),
+    two Popen objects."""
+    from .launch import free_port
+
+    ip_config = os.path.join(out_dir, "ip_config.txt")
+    with open(ip_config, "w") as f:
+        f.write(f"127.0.0.1 {free_port()}\n")
+    common = dict(
+        os.environ, **(env or {}), DGL_NUM_SAMPLER=str(samplers),
+        DGL_NUM_CLIENT=str(num_trainers * (1 + samplers)),
+        DGL_CONF_PATH=part_config, DGL_IP_CONFIG=ip_config,
+        DGL_NUM_SERVER="1", DGL_GRAPH_FORMAT="csc")
+
+    def start(name, prefix, role_env):
+        with open(os.path.join(out_dir, f"{name}.txt"), "w") as log:
+            return subprocess.Popen(
+                [sys.executable, *prefix, *command], stdout=log,
+                stderr=subprocess.STDOUT, env={**common, **role_env})
+
+    server = start("server", [], {"DGL_ROLE": "server", "DGL_SERVER_ID": "0",
+                                  "OMP_NUM_THREADS": "1"})
+    trainers = start("trainers", [
+        "-m", "torch.distributed.run", f"--nproc_per_node={num_trainers}",
+        "--nnodes=1", "--node_rank=0", "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}"], {
+        "DGL_DIST_MODE": "distributed", "DGL_ROLE": "client",
+        "DGL_GROUP_ID": "0", "OMP_NUM_THREADS": "1"})
+    return server, trainers
