@@ -366,6 +366,26 @@ def test_partition_outputs(partitions):
         NUM_CLASSES, {"feat": 16}, "label", "class", 1200)
     orig_nids = torch.load(os.path.join(partitions["out"], "orig_nids.pt"))
     assert torch.equal(orig_nids.sort().values, torch.arange(2000))
+    # Each partition holds its own nodes' features (added after METIS ran
+    # without them) and labels, in its partitioned order.
+    import dgl
+
+    import gbrun
+
+    dataset = gbrun.load_dataset(partitions["dataset"])
+    feat = dataset.feature.read("node", None, "feat")
+    label = dataset.feature.read("node", None, "label").reshape(-1)
+    train = dataset.tasks[0].train_set[:][0]
+    for part, (start, end) in enumerate(config["node_map"]["_N"]):
+        data = dgl.data.utils.load_tensors(os.path.join(
+            partitions["out"], config[f"part-{part}"]["node_feats"]))
+        ids = orig_nids[start:end]
+        assert torch.equal(data["_N/feat"], feat[ids])
+        in_train = torch.isin(ids, train)
+        assert torch.equal(data["_N/label"][in_train], label[ids][in_train])
+        assert torch.equal(data["_N/train_mask"].bool(), in_train)
+    assert not [name for name in os.listdir(partitions["out"])
+                if name.startswith(".features")]
 
 
 @pytest.mark.parametrize("make_bad, message", [
