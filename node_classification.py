@@ -243,7 +243,7 @@ def train(rank, args, model, optimizer, scheduler, train_loader, valid_loader,
                                     enabled=state.autocast):
                     y_hat = model(data.blocks, x if state.autocast else x.float())
 
-                # Compute loss (in fp32).
+                # The loss in fp32, whatever the forward pass computed in.
                 loss = F.cross_entropy(y_hat.float(), y)
 
                 optimizer.zero_grad()
@@ -261,7 +261,6 @@ def train(rank, args, model, optimizer, scheduler, train_loader, valid_loader,
             )
         train_time = gbrun.synchronized_time(device) - epoch_start
 
-        # Evaluate the model.
         if rank == 0:
             print("Validating...")
         metric = evaluate(
@@ -287,7 +286,9 @@ def train(rank, args, model, optimizer, scheduler, train_loader, valid_loader,
                 "metric": METRIC,
                 f"val_{METRIC.lower()}": metric.item(),
                 "epoch_time": epoch_time,
+                "train_time": train_time,
                 "seeds_per_second": seeds_per_second,
+                "data_wait": batches.data_wait,
                 "ranks": world_size,
             })
             print(
@@ -332,7 +333,7 @@ def run(rank, plan, args, job, stop):
         job.dataset, plan.storage, device, args.gpu_cache_size, FEATURE_KEYS
     )
 
-    # Create the model; DDP keeps one replica per rank in sync.
+    # DDP keeps one replica of the model per rank in sync.
     if job.seed is not None:
         torch.manual_seed(job.seed)
     model = create_model(job.in_size, job.num_classes).to(device)
@@ -344,7 +345,6 @@ def run(rank, plan, args, job, stop):
     )
     model = DDP(model)
 
-    # Create data loaders.
     train_set, valid_set, test_set = job.item_sets
 
     def dataloader(itemset, is_train):
@@ -357,7 +357,6 @@ def run(rank, plan, args, job, stop):
     valid_loader = dataloader(valid_set, is_train=False)
     test_loader = dataloader(test_set, is_train=False)
 
-    # Model training.
     if rank == 0:
         print("Training...")
     stopped_by = train(
@@ -367,7 +366,6 @@ def run(rank, plan, args, job, stop):
     if stopped_by:
         return stopped_by
 
-    # Test the model.
     if rank == 0:
         print("Testing...")
     metric = evaluate(model, test_loader, job.num_classes, state, "test")

@@ -15,7 +15,7 @@ from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from .cli import UsageError
-from .graphbolt import gb
+from .graphbolt import batches_per_rank, gb, seed_item_sampler
 
 BUILTIN_DATASETS = ["cora", "ogbn-arxiv", "ogbn-products", "ogbn-papers100M"]
 SPLITS = ("train_set", "validation_set", "test_set")
@@ -385,11 +385,7 @@ class Batches:
 def rank0_batches(item_sampler, limit):
     """How many batches rank 0 gets (the progress bar's total): training
     drops partial and uneven batches, evaluation drops nothing."""
-    world_size = getattr(item_sampler, "_world_size", None) or 1
-    num_items = len(item_sampler._item_set)
-    per_round = item_sampler._batch_size * world_size
-    whole, rest = divmod(num_items, per_round)
-    total = whole + (0 if item_sampler._drop_last else rest > 0)
+    total = batches_per_rank(item_sampler)
     return min(total, limit or total)
 
 
@@ -422,10 +418,8 @@ def seed_epoch(seed, rank, epoch, item_sampler):
     np.random.seed(epoch_seed)
     torch.manual_seed(epoch_seed)
     gb.seed(epoch_seed)
-    # dgl 2.1.0's item sampler shuffles with its own unseeded
-    # np.random.default_rng() and takes no seed argument, so replace it.
-    if hasattr(item_sampler, "_rng"):
-        item_sampler._rng = np.random.default_rng(epoch_seed)
+    # GraphBolt's item sampler takes no seed for an epoch.
+    seed_item_sampler(item_sampler, seed, rank, epoch, derived_seed)
 
 
 def derived_seed(*entropy):

@@ -16,7 +16,6 @@ like these reach about 0.77 on CPU ranks). Where torch or DGL has no CUDA
 (PyPI's dgl is a CPU-only build, see docs/gpus.md) it says so and skips
 everything, exit 0. Exit 1 if any check failed.
 """
-import argparse
 import os
 import re
 import signal
@@ -25,11 +24,12 @@ import sys
 import tempfile
 import time
 
-import torch
+from gbrun.cli import ArgumentParser
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(os.path.dirname(HERE), "node_classification.py")
-DIST_TRAINER = os.path.join(HERE, "dist_node_classification.py")
+DISTRIBUTED = os.path.join(os.path.dirname(HERE), "distributed")
+DIST_TRAINER = os.path.join(DISTRIBUTED, "dist_node_classification.py")
 QUICK = ["--epochs", "2", "--batch-size", "256", "--max-batches", "8",
          "--seed", "0"]
 LEARNED = 0.5  # a test accuracy that shows the model learned on the GPU
@@ -47,6 +47,8 @@ class CheckFailed(Exception):
 
 def skip_reason():
     """Why the GPU checks cannot run here, or None."""
+    import torch
+
     from gbrun.launch import INSTALL_CUDA_DGL, dgl_has_cuda
 
     if not torch.cuda.is_available():
@@ -112,7 +114,8 @@ def distributed(gpus, dataset, workdir, *extra):
     from gbrun.distributed import start_one_machine
 
     parts = os.path.join(workdir, "parts")
-    subprocess.run([sys.executable, os.path.join(HERE, "partition_graph.py"),
+    subprocess.run([sys.executable, os.path.join(DISTRIBUTED,
+                                                 "partition_graph.py"),
                     "--dataset", dataset, "--num-parts", "1", "--out", parts],
                    check=True, capture_output=True)
     ckpt = os.path.join(workdir, "dist_ckpt")
@@ -162,11 +165,13 @@ CHECKS = {
 
 
 def default_gpus():
+    import torch
+
     return "0,1" if torch.cuda.device_count() > 1 else "0"
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", default=None,
                         help="GPU ids to use (default: 0, or 0,1 with two)")
     args = parser.parse_args(argv)

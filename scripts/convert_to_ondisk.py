@@ -35,6 +35,7 @@ import sys
 import numpy as np
 
 from gbrun import ondisk
+from gbrun.cli import ArgumentParser, int_at_least
 
 NPY_MAGIC = b"\x93NUMPY"
 ERROR_EXIT = 2  # the same status argparse uses for usage errors
@@ -173,7 +174,7 @@ def named_file(text):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description=__doc__.split("\n")[0],
         epilog="Exit status: 0 on success, 2 on any error.",
     )
@@ -188,10 +189,10 @@ def parse_args(argv=None):
     parser.add_argument("--val-idx", help="validation node ids .npy")
     parser.add_argument("--test-idx", help="test node ids .npy")
     parser.add_argument("--split", type=ondisk.split_argument, help="random train,val,test fractions (default 0.6,0.2,0.2)")
-    parser.add_argument("--num-classes", type=int, help="number of classes (default: max label + 1)")
+    parser.add_argument("--num-classes", type=int_at_least(1), help="number of classes (default: max label + 1)")
     parser.add_argument("--add-reverse-edges", action="store_true", help="make every edge go both ways")
     parser.add_argument("--drop-self-loops", action="store_true", help="remove src == dst edges")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random --split")
+    parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the random --split")
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     args = parser.parse_args(argv)
     idx_files = [args.train_idx, args.val_idx, args.test_idx]

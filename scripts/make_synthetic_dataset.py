@@ -20,12 +20,12 @@ Features and edges follow the class, the stored label is the noisy one.
 The same arguments always produce the same bytes.
 """
 
-import argparse
 import sys
 
 import numpy as np
 
 from gbrun import ondisk
+from gbrun.cli import ArgumentParser, int_at_least, positive_float
 
 # Fraction of edges whose two ends share a class.
 HOMOPHILY = 0.8
@@ -96,34 +96,17 @@ def make_dataset(
     return edges, features, labels
 
 
-def positive(kind):
-    """argparse type: a number > 0 of the given kind (int or float)."""
-
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return value
-
-    return parse
-
-
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out_dir", help="dataset directory to create")
-    parser.add_argument("--num-nodes", type=positive(int), default=20000)
-    parser.add_argument("--avg-degree", type=positive(float), default=10, help="average in-degree")
-    parser.add_argument("--feat-dim", type=positive(int), default=100)
-    parser.add_argument("--num-classes", type=positive(int), default=10)
+    parser.add_argument("--num-nodes", type=int_at_least(1), default=20000)
+    parser.add_argument("--avg-degree", type=positive_float, default=10, help="average in-degree")
+    parser.add_argument("--feat-dim", type=int_at_least(1), default=100)
+    parser.add_argument("--num-classes", type=int_at_least(2), default=10)
     parser.add_argument("--split", type=ondisk.split_argument, default=(0.6, 0.2, 0.2), help="train,val,test fractions")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     args = parser.parse_args(argv)
-    if args.num_classes < 2:
-        parser.error("--num-classes: need at least 2 classes")
     if int(args.num_nodes * args.split[0]) < 1:
         parser.error(f"--split: the train set of {args.num_nodes} nodes would be empty")
     return parser, args

@@ -8,16 +8,10 @@ One figure: average training loss and the validation metric (its name comes
 from the records: Accuracy, or whatever the example's METRIC says) against
 epoch, one line per run (labelled by its directory) so that runs overlay.
 """
-import argparse
 import json
 import os
-import sys
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display needed
-import matplotlib.pyplot as plt
-from matplotlib.ticker import MaxNLocator
+from gbrun.cli import ArgumentParser, fail
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -48,6 +42,13 @@ def metric_name(records):
 
 
 def plot(runs, out):
+    # Imported here: a bad argument is refused before matplotlib loads.
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
     figure, (loss_axes, acc_axes) = plt.subplots(1, 2, figsize=(10, 4))
     for label, records in runs:
         epochs = [r["epoch"] for r in records]
@@ -66,15 +67,14 @@ def plot(runs, out):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dirs", nargs="+", help="--log-dir of each run")
     parser.add_argument("--out", default="curves.png", help="image to write")
     args = parser.parse_args(argv)
     try:
         runs = [(d, read_epochs(d)) for d in args.run_dirs]
     except ValueError as error:
-        print(f"plot_metrics.py: error: {error}", file=sys.stderr)
-        sys.exit(2)
+        fail(error)
     plot(runs, args.out)
     print(f"wrote {args.out}")
 

@@ -8,17 +8,15 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 
 import pytest
 import torch
 import yaml
 
 import gbrun
-from conftest import (
+from helpers import (
     EDITS,
     NO_GPU,
-    REPO,
     SCRIPT,
     edited_copy,
     epoch_lines,

@@ -24,7 +24,7 @@ What runs, and what is compared:
 - A bash block runs with `bash -e -o pipefail`; commands it starts in the
   background (`... &`) are waited for, and a failed one fails the block.
   Commands run with `sudo` need root, iproute2 and util-linux, as
-  tests/test_distributed.py does: skipped without them, failed under
+  tests/test_simulated_machines.py does: skipped without them, failed under
   CI=true. As root, `sudo` runs the command with this environment.
 - Expected output: comment lines in a bash block that show what a command
   prints (OUTPUT_COMMENT: `# wrote ...`, `# Test Accuracy ...`), and a block
@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from conftest import gone, kill_session, missing_prerequisite
+from helpers import gone, kill_session, missing_prerequisite
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md"] + sorted(

@@ -8,7 +8,7 @@ import dgl.graphbolt as gb
 import gbrun
 import gbrun.data
 import node_classification as nc
-from conftest import run_gloo_group
+from helpers import run_gloo_group
 
 
 def _read_both_ways(rank, dataset_dir):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import NO_GPU, SCRIPT
+from helpers import NO_GPU, SCRIPT
 
 # Run before the example in the same interpreter.
 FAKES = {

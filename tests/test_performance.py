@@ -1,7 +1,7 @@
-"""The script's CPU settings (keep_freed_memory, poll_less) do what their
-docstrings say, and scripts/benchmark.py measures what the README quotes.
-No timing is asserted here: the figures live in the README and
-docs/performance.md, produced by scripts/benchmark.py."""
+"""The example's CPU settings (keep_freed_memory, poll_less) do what their
+docstrings say, and benchmarks/benchmark.py measures what the README
+quotes. No timing is asserted here: the figures live in the README and
+docs/performance.md, produced by benchmarks/benchmark.py."""
 import json
 import os
 import platform
@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, SCRIPTS, run_gloo_group
+from helpers import BENCHMARKS, REPO, run_gloo_group
 
 import benchmark
 import gbrun
@@ -164,7 +164,7 @@ def test_cpu_ranks_sample_without_a_prefetch_thread(small_dataset, tmp_path):
 def test_benchmark_measures_bare_loop_and_script(small_dataset, tmp_path):
     out = tmp_path / "perf.json"
     done = subprocess.run(
-        [sys.executable, os.path.join(SCRIPTS, "benchmark.py"),
+        [sys.executable, os.path.join(BENCHMARKS, "benchmark.py"),
          "--dataset", small_dataset, "--ranks", "2", "--threads", "1",
          "--batches", "3", "--batch-size", "64", "--fanout", "5,5,5",
          "--interval", "0.1", "--stages", "5,5,5", "--json", str(out)],
@@ -199,6 +199,7 @@ def test_benchmark_measures_bare_loop_and_script(small_dataset, tmp_path):
     # 5,5,5 has more input nodes than seeds, and at most all 3,000 nodes.
     (stages,) = json.loads(out.read_text())["stages"]
     assert stages["fanout"] == [5, 5, 5] and stages["exit_code"] == 0
+    assert stages["precision"] == "fp32"
     assert 64 < stages["input_nodes"] <= 3000
     for stage in ("sample_s", "fetch_graphbolt_s", "fetch_s", "compute_s"):
         assert stages[stage] > 0, stage
@@ -210,18 +211,19 @@ def test_benchmark_measures_bare_loop_and_script(small_dataset, tmp_path):
     [
         ([], "has no metadata.yaml"),
         # These two import the example's model (torch, DGL): seconds each.
-        pytest.param(["--fanout", "5,5"], "--fanout '5,5' needs 3 positive values",
+        pytest.param(["--fanout", "5,5"], "--fanout '5,5' needs 3 values",
                      marks=pytest.mark.slow),
-        pytest.param(["--stages", "5,5"], "--fanout '5,5' needs 3 positive values",
+        pytest.param(["--stages", "5,5"], "--fanout '5,5' needs 3 values",
                      marks=pytest.mark.slow),
         (["--no-runs"], "--no-runs needs --stages"),
-        (["--ranks", "0"], "--ranks and --threads must be at least 1"),
+        (["--ranks", "0"], "--ranks: 0 is too small (at least 1)"),
+        (["--env", "X"], "--env: 'X': expected NAME=VALUE"),
     ],
 )
 def test_benchmark_refuses_bad_input(small_dataset, tmp_path, extra, message):
     dataset = str(tmp_path) if not extra else small_dataset
     done = subprocess.run(
-        [sys.executable, os.path.join(SCRIPTS, "benchmark.py"),
+        [sys.executable, os.path.join(BENCHMARKS, "benchmark.py"),
          "--dataset", dataset, *extra],
         capture_output=True,
         text=True,
@@ -232,37 +234,41 @@ def test_benchmark_refuses_bad_input(small_dataset, tmp_path, extra, message):
     assert len(done.stderr.strip().splitlines()) == 1
 
 
-# Prints a warm-up and a timed epoch line like the script does: 1 s asleep
-# before each, busy on the CPU for the timed one, asleep 1 s after both.
+# Writes a warm-up and a timed epoch record to metrics.jsonl (argv[1]) as
+# the example does: 1 s asleep before each, busy on the CPU for the timed
+# one, asleep 1 s after both.
 TWO_EPOCHS = """
-import time
+import json, sys, time
 for epoch in range(2):
     start = time.time()
     while time.time() - start < 1:
         if epoch == 0:
             time.sleep(0.01)
-    print(f"Epoch {epoch:05d} | Time 1.0 | Train Time 1.0 | Seeds/s 10.0 | "
-          "Data Wait 0.0", flush=True)
+    with open(sys.argv[1] + "/metrics.jsonl", "a") as f:
+        f.write(json.dumps({"epoch": epoch, "epoch_time": 1.0,
+                            "train_time": 1.0, "seeds_per_second": 10.0,
+                            "data_wait": 0.0}) + "\\n")
 time.sleep(1)
 """
 
 
 @pytest.mark.slow
-def test_benchmark_reads_memory_in_every_epoch_but_the_timed_one():
+def test_benchmark_reads_memory_in_every_epoch_but_the_timed_one(tmp_path):
     # Reading PSS/USS costs the kernel ~0.1 s per look at a 2-rank job, time
     # the ranks would lose: only CPU times are read in the timed epoch.
     epochs, samples, _, code, _ = benchmark.measure(
-        [sys.executable, "-c", TWO_EPOCHS], None, 0.05, 60, ("rank", None)
+        [sys.executable, "-c", TWO_EPOCHS, str(tmp_path)], None, 0.05, 60,
+        ("rank", None), str(tmp_path)
     )
     assert code == 0 and len(epochs) == 2
     warm, timed = epochs[0]["arrived"], epochs[1]["arrived"]
-    # A sample decides before it is stamped, and a line is stamped before
-    # the sampler can see it: so no margins are needed on these two sides.
+    # A sample decides before it is stamped, and a record is stamped when
+    # the sampler reads it: so no margins are needed on these two sides.
     assert all(s["procs"] for s in samples if s["t"] < warm)
     skipped = [s for s in samples if s["procs"] is None]
     assert skipped and all(warm < s["t"] for s in skipped)
-    # Once the timed line is in, memory is read again (the child sleeps on
-    # for a second; 0.1 s covers the reader thread's stamp-to-append gap).
+    # Once the timed record is in, memory is read again (the child sleeps
+    # on for a second; 0.1 s covers a sampling interval and more).
     assert all(s["t"] < timed + 0.1 for s in skipped)
     assert any(s["procs"] for s in samples if s["t"] > timed)
     # CPU times are still read while memory is not: the busy epoch shows.
@@ -270,8 +276,8 @@ def test_benchmark_reads_memory_in_every_epoch_but_the_timed_one():
 
 
 def _epoch(arrived, time, train_time, seeds_per_s, data_wait):
-    return dict(arrived=arrived, time=time, train_time=train_time,
-                seeds_per_s=seeds_per_s, data_wait=data_wait)
+    return dict(arrived=arrived, epoch_time=time, train_time=train_time,
+                seeds_per_second=seeds_per_s, data_wait=data_wait)
 
 
 def _sample(t, user, pss_mib=None, roles=()):
@@ -283,7 +289,7 @@ def _sample(t, user, pss_mib=None, roles=()):
     return {"t": t, "user": user, "system": user / 10, "procs": procs}
 
 
-def test_benchmark_summary_is_what_the_lines_and_samples_say():
+def test_benchmark_summary_is_what_the_records_and_samples_say():
     # Launched at 0. Warm-up epoch: training 2-4 s (line at 5 s, Time 3).
     # Timed epoch: training 6-8 s (line at 9 s), 2 ranks x 64 seeds x 4
     # batches in 2 s, 0.5 s of it waiting for data. CPU grows 1.5 s per s.

@@ -8,7 +8,7 @@ import gbrun
 import gbrun.launch as launch
 import gbrun.stop
 import node_classification as nc
-from conftest import (
+from helpers import (
     NO_GPU,
     REFERENCE,
     epoch_lines,

@@ -18,7 +18,7 @@ import gbrun
 import gbrun.checkpoint
 import gbrun.stop
 
-from conftest import (
+from helpers import (
     NO_GPU,
     REFERENCE,
     SCRIPT,
@@ -106,7 +106,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(small_dataset, tmp_path):
     assert [r.get("epoch") for r in records] == [0, 1, None]
     assert set(records[0]) == {
         "epoch", "loss", "metric", "val_accuracy", "epoch_time",
-        "seeds_per_second", "ranks",
+        "train_time", "seeds_per_second", "data_wait", "ranks",
     }
     assert records[0]["metric"] == "Accuracy"
     assert records[0]["ranks"] == 1 and records[0]["seeds_per_second"] > 0

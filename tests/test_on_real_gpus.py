@@ -4,14 +4,9 @@ elsewhere, as here.
 
     python -m pytest -m gpu tests
 """
-import sys
-
 import pytest
 
-from conftest import SCRIPTS
-
-sys.path.insert(0, SCRIPTS)
-import check_gpu  # noqa: E402
+import check_gpu
 
 REASON = check_gpu.skip_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,

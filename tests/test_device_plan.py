@@ -192,7 +192,7 @@ def test_bf16_autocasts_only_where_the_device_computes_bf16():
     assert not plan([]).autocast
 
 
-# --- Trainers on DGL's distributed engine (scripts/dist_node_classification.py)
+# --- Trainers on DGL's distributed engine (distributed/dist_node_classification.py)
 TRAINER_1_OF_MACHINE_1 = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
                           "LOCAL_WORLD_SIZE": "2"}
 

@@ -9,17 +9,24 @@ import types
 import pytest
 import torch
 
-from conftest import run_gloo_group
+from helpers import run_gloo_group
 
 
 def _shards(rank):
     import dgl.graphbolt as gb
 
+    from gbrun.graphbolt import batches_per_rank
+
+    counts = []
+
     def batches(items, batch_size, **flags):
         sampler = gb.DistributedItemSampler(
             gb.ItemSet(items), batch_size=batch_size, **flags
         )
-        return [batch.tolist() for batch in sampler]
+        handed_out = [batch.tolist() for batch in sampler]
+        # What the progress bar counts (gbrun reads GraphBolt's privates).
+        counts.append((len(handed_out), batches_per_rank(sampler)))
+        return handed_out
 
     small = torch.arange(15)
     big = torch.arange(400)
@@ -29,6 +36,7 @@ def _shards(rank):
         "drop_both": batches(small, 2, drop_last=True, drop_uneven_inputs=True),
         "unshuffled": batches(big, 10),
         "shuffled": [batches(big, 10, shuffle=True) for _ in range(2)],
+        "counts": counts,
     }
 
 
@@ -48,6 +56,9 @@ def pieces(tmp_path_factory):
 @pytest.mark.slow
 def test_distributed_item_sampler_sharding(pieces):
     shards = [piece["shards"] for piece in pieces]
+    for shard in shards:
+        assert [counted for counted, _ in shard["counts"]] == [
+            expected for _, expected in shard["counts"]]
     assert [s["plain"] for s in shards] == [
         [[0, 1], [2, 3]], [[4, 5], [6, 7]], [[8, 9], [10, 11]], [[12, 13], [14]]
     ]

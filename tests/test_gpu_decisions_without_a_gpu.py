@@ -24,7 +24,7 @@ import gbrun.data
 import gbrun.launch as launch
 import gbrun.stop
 import node_classification as nc
-from conftest import (
+from helpers import (
     FAKE_CUDA, NO_GPU, REPO, SCRIPTS, reported_test_accuracy, run_gloo_group,
 )
 
@@ -119,7 +119,6 @@ def test_files_saved_by_gpu_ranks_load_without_cuda(
     assert found and int(found[2]) == 600, predicted.stdout
     assert abs(float(found[1]) - reported_test_accuracy(trained.stdout)) < 0.1
     # scripts/check_gpu.py's check loads it on the CPU too.
-    sys.path.insert(0, SCRIPTS)
     import check_gpu
 
     checked = python(check_gpu.LOAD_ON_CPU, model_file)

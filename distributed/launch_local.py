@@ -25,7 +25,7 @@ names and vanish with their processes. Needs root, iproute2 and util-linux
 (ip, unshare, nsenter, setpriv). Nothing leaves the namespaces: the bridge
 has no route to any other network.
 
-    python scripts/launch_local.py --part-config partitions/synthetic/synthetic.json \
+    python distributed/launch_local.py --part-config partitions/synthetic/synthetic.json \
         --num-machines 2 --trainers-per-machine 1 -- --epochs 10 --batch-size 1024
 
 Arguments after `--` go to the training script; the launcher adds
@@ -404,18 +404,12 @@ def wait_for_job(running, exits, deadline, stop):
 
 
 def kill_group(proc):
-    """SIGKILL the process group we created for proc, then reap it."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    else:
-        # The leader is gone; its children (sampler processes) may remain.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    """SIGKILL the process group we created for proc (its sampler processes
+    too, also once the leader is gone), then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
     proc.wait()
 
 

@@ -10,15 +10,15 @@ data across machines.
 Run it once, on one machine, before training:
 
     # A dataset directory (one that holds metadata.yaml), 2 machines:
-    python scripts/partition_graph.py --dataset datasets/synthetic \
+    python distributed/partition_graph.py --dataset datasets/synthetic \
         --num-parts 2 --out partitions/synthetic --balance-train --balance-edges
 
     # A GraphBolt builtin dataset (downloaded into --root first):
-    python scripts/partition_graph.py --dataset ogbn-products --num-parts 4 \
+    python distributed/partition_graph.py --dataset ogbn-products --num-parts 4 \
         --out partitions/ogbn-products --balance-train --balance-edges
 
     # Also write GraphBolt partitions (train with --use-graphbolt):
-    python scripts/partition_graph.py ... --use-graphbolt
+    python distributed/partition_graph.py ... --use-graphbolt
 
 The output directory holds `<graph-name>.json` (the partition config to pass
 as --part-config), one `partN/` directory per machine, `dataset_info.json`
@@ -48,11 +48,10 @@ import os
 import shutil
 import tempfile
 
-import gbrun  # first: it says in one line if DGL cannot load
+import gbrun
 
-import dgl
-import numpy as np
-import torch
+# dgl, numpy and torch are imported where they are used: a bad argument is
+# refused before they load (seconds).
 
 DATASET_INFO_FILE = "dataset_info.json"
 # orig_nids[i] is the dataset id of node i in the partitioned graph.
@@ -67,6 +66,9 @@ def dataset_to_dgl_graph(dataset, item_sets, label_key):
     """A homogeneous DGLGraph carrying what the trainer reads but the
     features: the labels of the split nodes (the example's checked
     `item_sets`) as node data `label_key`, and a mask per split."""
+    import dgl
+    import torch
+
     graph = dataset.graph
     if graph.node_type_offset is not None:
         raise gbrun.UsageError("heterogeneous graphs are not supported by "
@@ -95,6 +97,8 @@ def set_features_aside(dataset, feature_keys, directory):
     """Each feature the example reads, written to a .npy file in
     `directory`: {key: path}. Once the dataset is released, the features
     no longer take memory while the graph is partitioned."""
+    import numpy as np
+
     paths = {}
     for key in feature_keys:
         paths[key] = os.path.join(directory, f"{len(paths)}.npy")
@@ -107,6 +111,10 @@ def add_features(part_config, orig_nids, feature_paths):
     partition_graph would have: a partition's own nodes have the
     partitioned ids start..end of the config's node_map. One feature is in
     memory at a time, read whole (partitioning has freed its memory)."""
+    import dgl
+    import numpy as np
+    import torch
+
     with open(part_config) as f:
         config = json.load(f)
     parts = [os.path.join(os.path.dirname(part_config),
@@ -132,6 +140,8 @@ def partition(g, graph_name, num_parts, out_dir, options):
     # their sources) in its partition, so sampling around its own seeds needs
     # no network traffic.
     ############################################################################
+    import dgl
+
     orig_nids, _ = dgl.distributed.partition_graph(
         g,
         graph_name,
@@ -272,6 +282,8 @@ def main(argv=None):
         add_features(part_config, orig_nids, feature_paths)
     finally:
         shutil.rmtree(aside, ignore_errors=True)
+    import torch
+
     torch.save(orig_nids, os.path.join(args.out, ORIG_NIDS_FILE))
     info_path = write_dataset_info(args.out, info)
     with open(part_config) as f:

@@ -1,9 +1,9 @@
 """End-to-end checks of training on DGL's distributed engine.
 
-A tiny synthetic dataset is partitioned for 2 machines; scripts/launch_local.py
+A tiny synthetic dataset is partitioned for 2 machines; distributed/launch_local.py
 then runs 2 simulated machines (a network and a mount namespace each) on this
 host, training the example, or an edited copy of it outside the checkout, with
-scripts/dist_node_classification.py. The checks: the example's edits and
+distributed/dist_node_classification.py. The checks: the example's edits and
 output lines reach the distributed run; SIGTERM to the launcher stops every
 trainer at one step with a checkpoint and --resume trains every seed of the
 stopped epoch exactly once; the options docs/distributed.md names (2 trainers
@@ -31,13 +31,13 @@ import psutil
 import pytest
 import torch
 
-from conftest import edited_copy, gone, missing_prerequisite
+from helpers import (
+    DISTRIBUTED, REPO, SCRIPTS, edited_copy, gone, missing_prerequisite,
+)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = os.path.join(REPO, "scripts")
 MAIN_SCRIPT = os.path.join(REPO, "node_classification.py")
-LAUNCHER = os.path.join(SCRIPTS, "launch_local.py")
-TRAINER = os.path.join(SCRIPTS, "dist_node_classification.py")
+LAUNCHER = os.path.join(DISTRIBUTED, "launch_local.py")
+TRAINER = os.path.join(DISTRIBUTED, "dist_node_classification.py")
 
 NUM_CLASSES = 4
 # Small and quick, yet enough epochs that both scripts get near their
@@ -101,7 +101,7 @@ def dataset(tmp_path_factory):
 
 
 def partition(dataset, out, *options):
-    done = run_script(os.path.join(SCRIPTS, "partition_graph.py"),
+    done = run_script(os.path.join(DISTRIBUTED, "partition_graph.py"),
                       ["--dataset", dataset, "--num-parts", 2, "--out", out,
                        *options])
     assert done.returncode == 0, done.stdout + done.stderr
@@ -815,7 +815,7 @@ def test_a_failed_trainer_ends_its_job_under_tools_launch(tmp_path, dataset):
     127.0.0.1, with no launcher that could kill anything. The trainer fails
     after 2 batches: its server and its sampler must be gone within 60 s
     (DGL's server, waiting for a shutdown request, would run for ever)."""
-    parts = run_script(os.path.join(SCRIPTS, "partition_graph.py"),
+    parts = run_script(os.path.join(DISTRIBUTED, "partition_graph.py"),
                        ["--dataset", dataset, "--num-parts", 1, "--out",
                         tmp_path / "one"])
     assert parts.returncode == 0, parts.stderr

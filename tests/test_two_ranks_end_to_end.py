@@ -11,7 +11,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import (
+from helpers import (
     LEARNS_IN_3_EPOCHS,
     REPO,
     finish,

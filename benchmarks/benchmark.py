@@ -4,11 +4,11 @@ time and memory go, and what it adds on top of a bare GraphBolt loop.
 
     python scripts/make_synthetic_dataset.py /tmp/perf200k --num-nodes 200000 \\
         --avg-degree 20 --feat-dim 100 --num-classes 10
-    python scripts/benchmark.py --dataset /tmp/perf200k
-    python scripts/benchmark.py --dataset /tmp/perf200k --ranks 1,2 --threads 1,2 \\
+    python benchmarks/benchmark.py --dataset /tmp/perf200k
+    python benchmarks/benchmark.py --dataset /tmp/perf200k --ranks 1,2 --threads 1,2 \\
         --num-workers 0,1 --batches 20 --json perf.json
     # One rank's time per batch by stage, at two fanouts, without full runs:
-    python scripts/benchmark.py --dataset /tmp/perf200k --no-runs \\
+    python benchmarks/benchmark.py --dataset /tmp/perf200k --no-runs \\
         --stages 5,5,5 --stages 10,10,10
 
 One invocation measures, on the same data:
@@ -28,14 +28,14 @@ Every run is its own process tree, launched and watched from here:
 
 main
 ├── parse_args
-├── bare_command / script_command      one command line per configuration
-├── measure                            launch, watch, parse the Epoch lines
+├── plan_runs                          a Run (settings, command) per configuration
+├── measure                            launch, watch, read metrics.jsonl
 │   ├── sample_tree                    CPU times (and PSS/USS) of every process
 │   └── summarize                      per-batch times, CPU in the training window
 ├── print_rows                         the tables
 ├── measure_stages / print_stages      --stages: one rank's split, per fanout
-├── (child) bare_loop                  the baseline, run as `benchmark.py --bare-loop`
-└── (child) stage_split                run as `benchmark.py --stage-split`
+├── (child) bare_loop.py               the baseline, a module of its own
+└── (child) stage_split.py             the stage split, likewise
 
 Two epochs of N batches each: epoch 0 warms up (first DDP step, fresh heap,
 thread pools) and gives the start-up time; epoch 1 is the measurement.
@@ -69,222 +69,98 @@ Validation and test are cut to N batches as well. What each column means:
                 --repeat, the quickest of the repetitions
   load          1-minute load average before the run (the machine may be shared)
 
-The script's hooks used here: --max-batches, --threads, and the fields
-" | Train Time T | Seeds/s S | Data Wait W" at the end of each Epoch line.
+The example's hooks used here: --max-batches, --threads, and --log-dir,
+whose metrics.jsonl gives each epoch's epoch_time, train_time,
+seeds_per_second and data_wait (the bare loop writes the same records).
 """
 import argparse
 import itertools
 import json
 import os
-import re
+import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from dataclasses import dataclass, field
 
 import psutil
 
-SCRIPTS = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_SCRIPT = os.path.join(os.path.dirname(SCRIPTS), "node_classification.py")
-EPOCH_LINE = re.compile(
-    r"Epoch (?P<epoch>\d+) \|(?:.*\|)? Time (?P<time>[\d.]+) \| "
-    r"Train Time (?P<train_time>[\d.]+) \| Seeds/s (?P<seeds_per_s>[\d.]+) \| "
-    r"Data Wait (?P<data_wait>[\d.]+)"
+from gbrun.cli import (
+    ArgumentParser, fanout_list, int_at_least, positive_float, python_file,
 )
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_EXAMPLE = os.path.join(os.path.dirname(HERE), "node_classification.py")
+METRICS_FILE = "metrics.jsonl"  # gbrun's, without importing torch here
 EPOCHS = 2  # epoch 0 warms up, epoch 1 is measured
 
 
-# ----------------------------------------------------------------- baseline
-def bare_loop(args):
-    """The baseline, in its own process: what GraphBolt and one SAGE model do
-    without the example (no DDP, no Join, no metrics, no evaluation). Prints
-    Epoch lines in the script's format so that both are parsed alike."""
-    sys.path.insert(0, os.path.dirname(SCRIPTS))
-    import dgl.graphbolt as gb
-    import torch
-    import torch.nn.functional as F
+@dataclass
+class Run:
+    """One configuration to measure: its name in the table, how it runs
+    and the command that runs it (writing its metrics to `log_dir`)."""
 
-    # The example's model, and the CPU settings of its package.
-    import gbrun
-    from node_classification import create_model
-
-    if args.bare_loop == "tuned":
-        gbrun.keep_freed_memory()
-        gbrun.poll_less()
-    torch.set_num_threads(args.threads[0])
-    dataset = gb.OnDiskDataset(args.dataset).load()
-    bf16 = args.precision == ["bf16"]
-    if bf16:
-        # As the script's --precision bf16: bf16 features, autocast.
-        feat = dataset.feature.read("node", None, "feat")
-        dataset.feature.update("node", None, "feat", feat.to(torch.bfloat16))
-        del feat
-    features = dataset.feature
-    if args.bare_loop == "tuned":
-        features = gbrun.index_select_store(features)  # as the example reads
-    task = dataset.tasks[0]
-    datapipe = gb.ItemSampler(
-        task.train_set, batch_size=args.batch_size, shuffle=True, drop_last=True
-    )
-    datapipe = datapipe.sample_neighbor(dataset.graph, args.fanout)
-    datapipe = datapipe.fetch_feature(features, node_feature_keys=["feat"])
-    # As upstream's example: copy_to makes the DataLoader prefetch batches
-    # in a background thread.
-    dataloader = gb.DataLoader(datapipe.copy_to("cpu"), num_workers=0)
-    in_size = dataset.feature.size("node", None, "feat")[0]
-    model = create_model(in_size, task.metadata["num_classes"])
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
-    for epoch in range(EPOCHS):
-        start = time.time()
-        data_wait, seeds = 0.0, 0
-        step_end = time.time()
-        for data in itertools.islice(dataloader, args.batches):
-            data_wait += time.time() - step_end
-            with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
-                y_hat = model(data.blocks, data.node_features["feat"])
-            loss = F.cross_entropy(y_hat.float(), data.labels)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            seeds += data.labels.size(0)
-            step_end = time.time()
-        train_time = time.time() - start
-        print(
-            f"Epoch {epoch:05d} | Time {train_time:.4f} | "
-            f"Train Time {train_time:.4f} | Seeds/s {seeds / train_time:.1f} | "
-            f"Data Wait {data_wait:.4f}",
-            flush=True,
-        )
-
-
-def stage_split(args):
-    """In its own process, as one rank with --threads[0] threads: the median
-    time per training batch of each stage, measured one after the other on
-    the same batches. Sampling is the seeds' sample_neighbor; fetching is
-    the input nodes' features read by GraphBolt's store as it comes and by
-    the example's (place_dataset, CPU storage); compute is the example's
-    model's forward, backward and Adam step. Prints one JSON line."""
-    sys.path.insert(0, os.path.dirname(SCRIPTS))
-    import dgl.graphbolt as gb
-    import torch
-    import torch.nn.functional as F
-
-    import gbrun
-    from node_classification import (
-        FEATURE_KEYS, LABEL_KEY, LABELS, create_model,
-    )
-
-    gbrun.keep_freed_memory()
-    torch.set_num_threads(args.threads[0])
-    dataset = gbrun.load_dataset(args.dataset)
-    train_set = gbrun.check_dataset(dataset, args.dataset, FEATURE_KEYS,
-                                    LABEL_KEY, LABELS)[0]
-    key = gbrun.node_key(FEATURE_KEYS[0])
-    stock = dataset.feature
-    _, example = gbrun.place_dataset(dataset, "cpu", torch.device("cpu"), 0,
-                                     FEATURE_KEYS)
-    datapipe = gb.ItemSampler(train_set, batch_size=args.batch_size,
-                              shuffle=True, drop_last=True)
-    batches = iter(gb.DataLoader(datapipe.sample_neighbor(dataset.graph,
-                                                          args.fanout)))
-    model = create_model(stock.size(*key)[0],
-                         dataset.tasks[0].metadata["num_classes"])
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
-    times = {"sample": [], "fetch_graphbolt": [], "fetch": [], "compute": []}
-    input_nodes = []
-
-    def timed(stage, work, *args):
-        start = time.perf_counter()
-        result = work(*args)
-        times[stage].append(time.perf_counter() - start)
-        return result
-
-    def step(data, x):
-        loss = F.cross_entropy(model(data.blocks, x), data.labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-    # One batch more than counted: the first warms up allocator and threads.
-    for _ in range(args.batches + 1):
-        data = timed("sample", next, batches)
-        ids = data.node_ids()
-        input_nodes.append(ids.numel())
-        # Freed at once: only its time is kept.
-        timed("fetch_graphbolt", lambda: stock.read(*key, ids).numel())
-        x = timed("fetch", example.read, *key, ids)
-        timed("compute", step, data, x)
-        del data, x
-    # Medians without the warm-up batch.
-    print(json.dumps({
-        "fanout": args.fanout,
-        "threads": args.threads[0],
-        "input_nodes": statistics.median_high(input_nodes[1:]),
-        **{f"{stage}_s": statistics.median_high(t[1:])
-           for stage, t in times.items()},
-    }), flush=True)
+    name: str
+    command: list
+    ranks: int = None  # None: the bare loop, one process
+    threads: int = 1
+    workers: int = 0
+    precision: str = "fp32"
+    env: dict = field(default_factory=dict)
+    log_dir: str = None
 
 
 # ----------------------------------------------------------------- commands
-def bare_command(args, threads, allocator, precision):
+def bare_command(args, threads, tuned, precision, log_dir):
     return [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--bare-loop",
-        allocator,
-        "--dataset",
-        args.dataset,
-        "--threads",
-        str(threads),
-        "--batches",
-        str(args.batches),
-        "--batch-size",
-        str(args.batch_size),
-        "--fanout",
-        ",".join(map(str, args.fanout)),
-        "--script",
-        args.script,
-        "--precision",
-        precision,
-    ]
+        sys.executable, os.path.join(HERE, "bare_loop.py"),
+        "--dataset", args.dataset, "--example", args.example,
+        "--log-dir", log_dir, "--threads", str(threads),
+        "--batches", str(args.batches), "--batch-size", str(args.batch_size),
+        "--fanout", ",".join(map(str, args.fanout)), "--precision", precision,
+    ] + (["--tuned"] if tuned else [])
 
 
-def stages_command(args, fanout):
-    return [sys.executable, os.path.abspath(__file__), "--stage-split",
-            "--dataset", args.dataset, "--threads", "1",
-            "--batches", str(args.batches), "--batch-size",
-            str(args.batch_size), "--fanout", ",".join(map(str, fanout))]
+def stages_command(args, fanout, precision):
+    return [sys.executable, os.path.join(HERE, "stage_split.py"),
+            "--dataset", args.dataset, "--example", args.example,
+            "--threads", "1", "--batches", str(args.batches), "--batch-size",
+            str(args.batch_size), "--fanout", ",".join(map(str, fanout)),
+            "--precision", precision]
 
 
 def measure_stages(args):
     """The stage split of one rank with one thread, for each --stages
-    fanout, each in its own process."""
+    fanout and --precision, each in its own process."""
     records = []
-    for fanout in args.stages:
-        done = subprocess.run(stages_command(args, fanout), capture_output=True,
-                              text=True, timeout=args.timeout)
+    for fanout, precision in itertools.product(args.stages, args.precision):
+        done = subprocess.run(stages_command(args, fanout, precision),
+                              capture_output=True, text=True,
+                              timeout=args.timeout)
         if done.returncode != 0:
-            print(f"stage split {fanout}: failed (exit code "
+            print(f"stage split {fanout} {precision}: failed (exit code "
                   f"{done.returncode}):\n{done.stderr[-2000:]}",
                   file=sys.stderr)
-            records.append({"fanout": fanout, "exit_code": done.returncode})
+            records.append({"fanout": fanout, "precision": precision,
+                            "exit_code": done.returncode})
             continue
         records.append(dict(json.loads(done.stdout.strip().splitlines()[-1]),
                             exit_code=0))
     return records
 
 
-def script_command(args, launcher, ranks, threads, workers, precision):
-    if launcher == "torchrun":
+def script_command(args, ranks, threads, workers, precision, log_dir):
+    if args.launcher == "torchrun":
         start = [sys.executable, "-m", "torch.distributed.run",
-                 f"--nproc-per-node={ranks}", args.script]
+                 f"--nproc-per-node={ranks}", args.example]
     else:
-        start = [sys.executable, args.script,
+        start = [sys.executable, args.example,
                  "--gpu", ",".join(str(i) for i in range(ranks))]
     return start + [
+        "--log-dir",
+        log_dir,
         "--dataset",
         args.dataset,
         "--mode",
@@ -307,26 +183,24 @@ def script_command(args, launcher, ranks, threads, workers, precision):
 
 
 # ---------------------------------------------------------------- measuring
-def measure(command, env, interval, timeout, roles):
-    """Run `command`, sampling its process tree until it exits. Returns
-    (Epoch line matches with arrival times, samples, launch time, exit code,
-    stderr tail)."""
-    lines = []
+def measure(command, env, interval, timeout, roles, log_dir):
+    """Run `command`, sampling its process tree until it exits, and reading
+    the epoch records it appends to log_dir/metrics.jsonl as they come.
+    Returns (epoch records with their arrival times, samples, launch time,
+    exit code, stderr tail)."""
+    records = []
+    metrics = os.path.join(log_dir, METRICS_FILE)
     with tempfile.TemporaryFile() as stderr:
         launched = time.time()
         process = subprocess.Popen(
             command,
-            stdout=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
             stderr=stderr,
             env=env,
             text=True,
             # Its own session, so that a timeout stops exactly this tree.
             start_new_session=True,
         )
-        reader = threading.Thread(
-            target=read_lines, args=(process.stdout, lines), daemon=True
-        )
-        reader.start()
         root = psutil.Process(process.pid)
         samples = []
         while process.poll() is None:
@@ -338,28 +212,32 @@ def measure(command, env, interval, timeout, roles):
             # page tables: about 0.1 s of CPU per look at a 2-rank job. That
             # time is taken from the ranks, so memory is read in every epoch
             # but the timed one; CPU times cost microseconds.
-            timed = epoch_lines(lines) == EPOCHS - 1
+            read_records(metrics, records)
+            timed = epochs_done(records) == EPOCHS - 1
             samples.append(sample_tree(root, roles, memory=not timed))
             time.sleep(interval)
-        reader.join()
+        read_records(metrics, records)
         stderr.seek(0)
         tail = stderr.read().decode(errors="replace").splitlines()[-15:]
-    epochs = []
-    for arrived, line in lines:
-        match = EPOCH_LINE.search(line)
-        if match:
-            fields = {k: float(v) for k, v in match.groupdict().items()}
-            epochs.append(dict(fields, arrived=arrived))
+    epochs = [record for record in records if "train_time" in record]
     return epochs, samples, launched, process.returncode, tail
 
 
-def read_lines(stream, lines):
-    for line in stream:
-        lines.append((time.time(), line))
+def read_records(path, records):
+    """Appends the records written to `path` since the last call, each with
+    the time it was seen (`arrived`)."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return
+    now = time.time()
+    for line in lines[len(records):]:
+        records.append(dict(json.loads(line), arrived=now))
 
 
-def epoch_lines(lines):
-    return sum(1 for _, line in list(lines) if EPOCH_LINE.search(line))
+def epochs_done(records):
+    return sum(1 for record in records if "train_time" in record)
 
 
 def sample_tree(root, roles, memory=True):
@@ -416,9 +294,9 @@ def cpu_at(samples, moment):
 
 
 def training_window(epoch):
-    """When an epoch's training loop ran: it began `time` seconds before the
-    epoch's line arrived and lasted `train_time`."""
-    start = epoch["arrived"] - epoch["time"]
+    """When an epoch's training loop ran: it began `epoch_time` seconds
+    before the epoch's record arrived and lasted `train_time`."""
+    start = epoch["arrived"] - epoch["epoch_time"]
     return start, start + epoch["train_time"]
 
 
@@ -427,10 +305,10 @@ def summarize(epochs, samples, launched, ranks, batch_size):
     first, last = epochs[0], epochs[-1]
     warm_start, warm_end = training_window(first)
     train_start, train_end = training_window(last)
-    seeds = last["seeds_per_s"] * last["train_time"]
+    seeds = last["seeds_per_second"] * last["train_time"]
     batches = max(1, round(seeds / (ranks * batch_size)))
     result = {
-        "seeds_per_s": last["seeds_per_s"],
+        "seeds_per_s": last["seeds_per_second"],
         "batches_per_rank": batches,
         "s_per_batch": last["train_time"] / batches,
         "wait_per_batch": last["data_wait"] / batches,
@@ -503,6 +381,7 @@ def print_rows(columns, records):
 
 STAGE_COLUMNS = [  # (title, width, format, key)
     ("fanout", 12, "", "fanout"),
+    ("precision", 9, "", "precision"),
     ("input nodes", 11, ",.0f", "input_nodes"),
     ("sample", 7, ".3f", "sample_s"),
     ("fetch gb", 8, ".3f", "fetch_graphbolt_s"),
@@ -564,20 +443,13 @@ def wait_for_load(threshold, deadline):
 
 
 # --------------------------------------------------------------------- main
-def int_list(text):
-    try:
-        values = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a list like 1,2") from None
-    if any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"'{text}': values must be >= 0")
-    return values
+def count_list(text):
+    """Comma-separated counts, each at least 1: 1,2."""
+    return [int_at_least(1)(part) for part in text.split(",")]
 
 
-class ArgumentParser(argparse.ArgumentParser):
-    def error(self, message):
-        # One line naming the bad value, as node_classification.py does.
-        self.exit(2, f"{self.prog}: error: {message}\n")
+def worker_list(text):
+    return [int_at_least(0)(part) for part in text.split(",")]
 
 
 def precision_list(text):
@@ -587,12 +459,18 @@ def precision_list(text):
     return values
 
 
-def model_layers():
-    """The layers of the example's model: one fanout value each."""
-    sys.path.insert(0, os.path.dirname(SCRIPTS))
-    from node_classification import create_model
+def name_value(text):
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"'{text}': expected NAME=VALUE")
+    return text
 
-    return len(create_model(1, 2).layers)
+
+def model_layers(example):
+    """The layers of the example's model: one fanout value each. Imports
+    torch and DGL (seconds), so it comes after every cheap check."""
+    import gbrun
+
+    return len(gbrun.load_example(example).create_model(1, 2).layers)
 
 
 def parse_args(argv=None):
@@ -602,113 +480,107 @@ def parse_args(argv=None):
     )
     parser.add_argument("--dataset", required=True, help="OnDiskDataset directory.")
     parser.add_argument(
-        "--ranks", type=int_list, default=[1, 2], help="Rank counts. Default: 1,2"
-    )
+        "--ranks", type=count_list, default=[1, 2],
+        help="Rank counts. Default: 1,2")
     parser.add_argument(
-        "--threads", type=int_list, default=[1, 2],
+        "--threads", type=count_list, default=[1, 2],
         help="Threads per rank (and for the bare loop). Default: 1,2",
     )
     parser.add_argument(
-        "--num-workers", type=int_list, default=[0],
+        "--num-workers", type=worker_list, default=[0],
         help="Data loader worker processes per rank. Default: 0",
     )
     parser.add_argument(
-        "--batches", type=int, default=20,
+        "--batches", type=int_at_least(1), default=20,
         help="Batches per rank per epoch (and per evaluation). Default: 20",
     )
     parser.add_argument(
         "--precision", type=precision_list, default=["fp32"],
-        help="Precisions to compare, fp32 and/or bf16 (the script's"
+        help="Precisions to compare, fp32 and/or bf16 (the example's"
         " --precision). Default: fp32",
     )
-    parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--fanout", type=int_list, default=[10, 10, 10])
+    parser.add_argument("--batch-size", type=int_at_least(1), default=1024)
+    parser.add_argument("--fanout", type=fanout_list, default=[10, 10, 10])
     parser.add_argument(
-        "--script", default=DEFAULT_SCRIPT,
-        help="The training script to measure. Default: node_classification.py",
+        "--example", type=python_file, default=DEFAULT_EXAMPLE,
+        help="The example to measure (its model is the bare loop's too). "
+        "Default: node_classification.py",
     )
     parser.add_argument(
         "--launcher", choices=["spawn", "torchrun"], default="spawn",
-        help="Start the ranks with the script's mp.spawn (--gpu 0,1,..) or"
+        help="Start the ranks with the example's mp.spawn (--gpu 0,1,..) or"
         " with torchrun --nproc-per-node. Default: spawn",
     )
     parser.add_argument(
         "--no-bare", action="store_true", help="Skip the bare-loop baselines."
     )
     parser.add_argument(
-        "--env", action="append", default=[], metavar="NAME=VALUE",
-        help="Extra environment for the script runs (not the baselines), e.g."
-        " MALLOC_ARENA_MAX=1. Repeatable.",
+        "--env", type=name_value, action="append", default=[],
+        metavar="NAME=VALUE",
+        help="Extra environment for the example's runs (not the baselines),"
+        " e.g. MALLOC_ARENA_MAX=1. Repeatable.",
     )
-    parser.add_argument("--interval", type=float, default=0.25,
+    parser.add_argument("--interval", type=positive_float, default=0.25,
                         help="Seconds between samples of the process tree.")
-    parser.add_argument("--timeout", type=float, default=1800,
+    parser.add_argument("--timeout", type=positive_float, default=1800,
                         help="Seconds before a run is killed.")
     parser.add_argument(
-        "--repeat", type=int, default=1,
+        "--repeat", type=int_at_least(1), default=1,
         help="Run every configuration this many times (round-robin) and"
         " report the fastest; on a shared machine use 3 or more. Default: 1",
     )
     parser.add_argument(
-        "--wait-for-load", type=float, default=None, metavar="LOAD",
+        "--wait-for-load", type=positive_float, default=None, metavar="LOAD",
         help="On a shared machine: before each run, wait (at most 10 min)"
         " until the 1-minute load average is below LOAD.",
     )
     parser.add_argument(
-        "--stages", type=int_list, action="append", default=None,
+        "--stages", type=fanout_list, action="append", default=None,
         metavar="FANOUT",
         help="Also split one rank's time per batch into sampling, feature"
-        " fetching and compute (1 thread), at this fanout, e.g. 10,10,10;"
-        " repeat for several fanouts.",
+        " fetching and compute (1 thread), at this fanout, e.g. 10,10,10,"
+        " for each --precision; repeat for several fanouts.",
     )
     parser.add_argument(
         "--no-runs", action="store_true",
-        help="Only the --stages split: no bare loops or script runs.",
+        help="Only the --stages split: no bare loops or example runs.",
     )
     parser.add_argument("--json", help="Also write every figure to this file.")
-    parser.add_argument("--bare-loop", choices=["default", "tuned"],
-                        help=argparse.SUPPRESS)
-    parser.add_argument("--stage-split", action="store_true",
-                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.batches < 1 or args.batch_size < 1 or args.repeat < 1:
-        parser.error("--batches, --batch-size and --repeat must be at least 1")
     if args.no_runs and not args.stages:
         parser.error("--no-runs needs --stages")
-    if any(r < 1 for r in args.ranks) or any(t < 1 for t in args.threads):
-        parser.error("--ranks and --threads must be at least 1")
     if not os.path.isfile(os.path.join(args.dataset, "metadata.yaml")):
         parser.error(f"--dataset '{args.dataset}' has no metadata.yaml")
-    if not os.path.isfile(args.script):
-        parser.error(f"--script '{args.script}' does not exist")
-    args.dataset, args.script = os.path.abspath(args.dataset), os.path.abspath(args.script)
-    for item in args.env:
-        if "=" not in item:
-            parser.error(f"--env '{item}': expected NAME=VALUE")
+    args.dataset = os.path.abspath(args.dataset)
     # Last: the example's model takes importing torch and DGL (seconds).
-    num_layers = model_layers()
+    num_layers = model_layers(args.example)
     for fanout in [args.fanout] + (args.stages or []):
-        if len(fanout) != num_layers or 0 in fanout:
+        if len(fanout) != num_layers:
             parser.error(
                 f"--fanout '{','.join(map(str, fanout))}' needs {num_layers}"
-                " positive values, one per layer of the example's model"
+                " values, one per layer of the example's model"
             )
     return args
 
 
-def plan_runs(args):
-    """(name, command, env overrides, ranks, threads, workers, precision) per
-    run."""
+def plan_runs(args, log_root):
+    """A Run per configuration, each writing its metrics to a directory of
+    its own under `log_root`."""
     runs = []
+
+    def log_dir():
+        return os.path.join(log_root, str(len(runs)))
+
     if not args.no_bare:
-        allocators = ["default", "tuned"]
-        for precision, threads, allocator in itertools.product(
-            args.precision, args.threads, allocators
+        for precision, threads, tuned in itertools.product(
+            args.precision, args.threads, (False, True)
         ):
-            name = f"bare {threads}t" + ("" if allocator == "default" else "+tuned")
+            name = f"bare {threads}t" + ("+tuned" if tuned else "")
             name += "" if precision == "fp32" else f" {precision}"
-            command = bare_command(args, threads, allocator, precision)
-            runs.append((name, command, {}, None, threads, 0, precision))
+            runs.append(Run(name, bare_command(args, threads, tuned, precision,
+                                               log_dir()),
+                            threads=threads, precision=precision,
+                            log_dir=log_dir()))
     extra = dict(item.split("=", 1) for item in args.env)
     for precision, ranks, threads, workers in itertools.product(
         args.precision, args.ranks, args.threads, args.num_workers
@@ -717,48 +589,50 @@ def plan_runs(args):
         name += "" if precision == "fp32" else f" {precision}"
         if args.launcher == "torchrun":
             name = name.replace("script", "torchrun")
-        command = script_command(
-            args, args.launcher, ranks, threads, workers, precision
-        )
-        runs.append((name, command, extra, ranks, threads, workers, precision))
+        runs.append(Run(name, script_command(args, ranks, threads, workers,
+                                             precision, log_dir()),
+                        ranks, threads, workers, precision, extra, log_dir()))
     return runs
 
 
-def run_once(args, name, command, extra, ranks, threads, workers, precision):
+def run_once(args, run):
     """One measured run: a record of its settings and figures."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads))
-    env.update(extra)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(run.threads))
+    env.update(run.env)
     if args.wait_for_load is not None:
         wait_for_load(args.wait_for_load, deadline=time.time() + 600)
-    if not ranks:
+    if not run.ranks:
         roles = ("rank", None)
     elif args.launcher == "torchrun":
-        roles = ("launcher", args.script)
+        roles = ("launcher", args.example)
     else:
         roles = ("launcher", "spawn_main")
+    shutil.rmtree(run.log_dir, ignore_errors=True)  # a repetition's own
     load_before = os.getloadavg()[0]
     epochs, samples, launched, code, tail = measure(
-        command, env, args.interval, args.timeout, roles
+        run.command, env, args.interval, args.timeout, roles, run.log_dir
     )
     record = {
-        "name": name,
-        "ranks": ranks,
-        "threads": threads,
-        "workers": workers,
-        "precision": precision,
-        "command": command,
-        "env": extra,
+        "name": run.name,
+        "ranks": run.ranks,
+        "threads": run.threads,
+        "workers": run.workers,
+        "precision": run.precision,
+        "command": run.command,
+        "env": run.env,
         "load_before": load_before,
         "load_after": os.getloadavg()[0],
         "exit_code": code,
     }
     if code == 0 and len(epochs) == EPOCHS and len(samples) > 2:
-        record.update(summarize(epochs, samples, launched, ranks or 1, args.batch_size))
+        record.update(summarize(epochs, samples, launched, run.ranks or 1,
+                                args.batch_size))
     else:
-        print(f"{name}: failed (exit code {code}); its last lines:", file=sys.stderr)
+        print(f"{run.name}: failed (exit code {code}); its last lines:",
+              file=sys.stderr)
         print("\n".join(tail), file=sys.stderr)
     print(
-        f"  {name}: {record.get('seeds_per_s', 0):.0f} seeds/s, load "
+        f"  {run.name}: {record.get('seeds_per_s', 0):.0f} seeds/s, load "
         f"{load_before:.2f} -> {record['load_after']:.2f}",
         file=sys.stderr,
         flush=True,
@@ -783,12 +657,6 @@ def best_of(repeats):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.bare_loop:
-        bare_loop(args)
-        return
-    if args.stage_split:
-        stage_split(args)
-        return
     print(
         f"{args.dataset}: batch {args.batch_size}, fanout "
         f"{','.join(map(str, args.fanout))}, {args.batches} batches per rank "
@@ -796,13 +664,14 @@ def main(argv=None):
         f"{os.getloadavg()[0]:.2f}",
         flush=True,
     )
-    runs = [] if args.no_runs else plan_runs(args)
-    repeats = [[] for _ in runs]
-    # Round-robin, so that a busy spell on the machine hits every
-    # configuration rather than all repetitions of one.
-    for _ in range(args.repeat):
-        for run, results in zip(runs, repeats):
-            results.append(run_once(args, *run))
+    with tempfile.TemporaryDirectory() as log_root:
+        runs = [] if args.no_runs else plan_runs(args, log_root)
+        repeats = [[] for _ in runs]
+        # Round-robin, so that a busy spell on the machine hits every
+        # configuration rather than all repetitions of one.
+        for _ in range(args.repeat):
+            for run, results in zip(runs, repeats):
+                results.append(run_once(args, run))
     records = [best_of(results) for results in repeats]
     all_runs = [r for results in repeats for r in results]
     add_ratios(records)

@@ -17,7 +17,7 @@ import torch
 import gbrun.data
 import gbrun.launch as launch
 import node_classification as nc
-from conftest import (
+from helpers import (
     FAKE_CUDA,
     REFERENCE,
     REPO,

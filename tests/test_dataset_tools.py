@@ -25,10 +25,9 @@ CONVERT = SCRIPTS / "convert_to_ondisk.py"
 SYNTHETIC = SCRIPTS / "make_synthetic_dataset.py"
 NUM_NODES = 40
 
-sys.path.insert(0, str(SCRIPTS))
-import convert_to_ondisk  # noqa: E402
-import make_synthetic_dataset  # noqa: E402
-from gbrun import ondisk  # noqa: E402
+import convert_to_ondisk
+import make_synthetic_dataset
+from gbrun import ondisk
 
 MAINS = {CONVERT: convert_to_ondisk.main, SYNTHETIC: make_synthetic_dataset.main}
 
@@ -265,7 +264,7 @@ BAD_INPUTS = {
     "labels_length": (_save("labels", np.zeros(N - 1, dtype=np.int64)), [], ("labels.npy", f"{N - 1} labels but {N} nodes")),
     "labels_negative": (_save("labels", np.r_[np.zeros(N - 1, dtype=np.int64), -3]), [], ("labels.npy", "negative label -3")),
     "labels_too_large": (None, ["--num-classes", "3"], ("labels.npy", "label 3 >= num_classes 3")),
-    "num_classes_zero": (None, ["--num-classes", "0"], ("num_classes", "positive integer")),
+    "num_classes_zero": (None, ["--num-classes", "0"], ("--num-classes", "0 is too small (at least 1)")),
     "train_out_of_range": (_save("train", np.array([0, N])), [], ("train.npy", f"node id {N} out of range")),
     "val_out_of_range": (_save("val", np.array([24, N + 1])), [], ("val.npy", f"node id {N + 1} out of range")),
     "test_out_of_range": (_save("test", np.array([N + 2, 33])), [], ("test.npy", f"node id {N + 2} out of range")),
@@ -349,7 +348,8 @@ def test_a_feature_given_twice_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
-def test_bad_input_fails_cleanly(tmp_path, capsys, case):
+def test_bad_input_fails_cleanly(tmp_path, capsys, monkeypatch, case):
+    monkeypatch.setattr(sys, "argv", ["convert_to_ondisk.py"])  # its name
     mutate, extra, (input_name, problem) = BAD_INPUTS[case]
     paths, _ = make_inputs(tmp_path)
     if mutate:
@@ -358,7 +358,10 @@ def test_bad_input_fails_cleanly(tmp_path, capsys, case):
     parent.mkdir()
     out = parent / "out"
     extra = [arg.replace("DEGREE", str(paths.get("degree"))) for arg in extra]
-    code = convert_to_ondisk.main(list(map(str, [out, *convert_args(paths), *extra])))
+    try:
+        code = convert_to_ondisk.main(list(map(str, [out, *convert_args(paths), *extra])))
+    except SystemExit as exited:  # refused by the argument parser
+        code = exited.code
     stdout, stderr = capsys.readouterr()
     assert code == 2, stdout + stderr
     lines = stderr.strip().splitlines()
@@ -592,9 +595,9 @@ def test_synthetic_existing_dir_refused_then_replaced_with_force(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--num-nodes", "0"], "must be > 0"),
+    (["--num-nodes", "0"], "--num-nodes: 0 is too small (at least 1)"),
     (["--split", "0.9,0.2,0"], "sum to"),
-    (["--num-classes", "1"], "at least 2"),
+    (["--num-classes", "1"], "--num-classes: 1 is too small (at least 2)"),
 ])
 def test_synthetic_bad_arguments(tmp_path, args, message):
     result = run(SYNTHETIC, tmp_path / "out", *args)

@@ -3,7 +3,7 @@ Train the example (node_classification.py, or your copy of it) across
 machines on DGL's distributed engine (DistGraph).
 
 The single-machine example keeps the whole graph in each process. Here the
-graph is split into one partition per machine (scripts/partition_graph.py);
+graph is split into one partition per machine (distributed/partition_graph.py);
 each machine runs graph servers that hold its partition, and trainers that
 sample mini-batches from all servers over the network. The trainers run the
 example's own model, optimizer and schedule, keys, `train` loop and
@@ -17,9 +17,9 @@ DGL_ROLE=server or DGL_ROLE=client in the environment, and
 that never return. Do not run it by hand; use a launcher:
 
     # One laptop, two simulated machines (root + iproute2, docs/distributed.md):
-    python scripts/partition_graph.py --dataset data/synthetic \\
+    python distributed/partition_graph.py --dataset data/synthetic \\
         --num-parts 2 --out partitions/synthetic --balance-train --balance-edges
-    python scripts/launch_local.py --part-config partitions/synthetic/synthetic.json \\
+    python distributed/launch_local.py --part-config partitions/synthetic/synthetic.json \\
         --num-machines 2 -- --epochs 10 --checkpoint-dir runs/d
 
     # A real cluster: DGL's tools/launch.py (ssh, shared file system), see

@@ -1,7 +1,7 @@
 """Time the dataset tools at scale (a benchmark, not a test).
 
-    python scripts/bench_dataset_tools.py                       # 2M nodes, 20M edges, 64 features
-    python scripts/bench_dataset_tools.py --num-nodes 200000 --num-edges 2000000
+    python benchmarks/bench_dataset_tools.py                       # 2M nodes, 20M edges, 64 features
+    python benchmarks/bench_dataset_tools.py --num-nodes 200000 --num-edges 2000000
 
 Each tool runs as its own subprocess, exactly as a user runs it, so the
 peak RSS reported is that process's alone (from os.wait4). Inputs for the
@@ -9,7 +9,6 @@ converter are random .npy files written first (not timed). Everything goes
 into a temporary directory that is deleted at the end unless --keep.
 """
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -19,7 +18,9 @@ import time
 
 import numpy as np
 
-SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+from gbrun.cli import ArgumentParser, int_at_least
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 
 
 def write_inputs(directory, num_nodes, num_edges, feat_dim, seed=0):
@@ -56,10 +57,10 @@ def report(label, wall, rss_mib, input_bytes):
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--num-nodes", type=int, default=2_000_000)
-    parser.add_argument("--num-edges", type=int, default=20_000_000)
-    parser.add_argument("--feat-dim", type=int, default=64)
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--num-nodes", type=int_at_least(1), default=2_000_000)
+    parser.add_argument("--num-edges", type=int_at_least(1), default=20_000_000)
+    parser.add_argument("--feat-dim", type=int_at_least(1), default=64)
     parser.add_argument("--workdir", help="where to write (default: a new temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the written files")
     return parser.parse_args()

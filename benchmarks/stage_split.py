@@ -1,0 +1,108 @@
+"""The benchmark's stage split, in a process of its own, as one rank with
+--threads threads: the median time per training batch of each stage,
+measured one after the other on the same batches. Sampling is the seeds'
+sample_neighbor; fetching is the input nodes' features read by GraphBolt's
+store as it comes and by the example's (place_dataset, CPU storage);
+compute is the example's model's forward, backward and Adam step. Prints
+one JSON line.
+
+    python benchmarks/stage_split.py --dataset /tmp/perf200k --fanout 10,10,10
+"""
+import json
+import os
+import statistics
+import sys
+import time
+
+from gbrun.cli import ArgumentParser, fanout_list, int_at_least, python_file
+
+DEFAULT_EXAMPLE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    "node_classification.py")
+
+
+def parse_args(argv=None):
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--example", type=python_file, default=DEFAULT_EXAMPLE)
+    parser.add_argument("--threads", type=int_at_least(1), default=1)
+    parser.add_argument("--batches", type=int_at_least(1), default=8)
+    parser.add_argument("--batch-size", type=int_at_least(1), default=1024)
+    parser.add_argument("--fanout", type=fanout_list, default=[10, 10, 10])
+    parser.add_argument("--precision", choices=["fp32", "bf16"],
+                        default="fp32")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+    import torch.nn.functional as F
+
+    import gbrun
+    from gbrun.graphbolt import gb
+
+    example = gbrun.load_example(args.example)
+    gbrun.keep_freed_memory()
+    torch.set_num_threads(args.threads)
+    dataset = gbrun.load_dataset(args.dataset)
+    keys = example.FEATURE_KEYS
+    train_set = gbrun.check_dataset(dataset, args.dataset, keys,
+                                    example.LABEL_KEY, example.LABELS)[0]
+    bf16 = args.precision == "bf16"
+    if bf16:
+        gbrun.store_in_bf16(dataset, keys)
+    stock = dataset.feature
+    _, placed = gbrun.place_dataset(dataset, "cpu", torch.device("cpu"), 0,
+                                    keys)
+    datapipe = gb.ItemSampler(train_set, batch_size=args.batch_size,
+                              shuffle=True, drop_last=True)
+    batches = iter(gb.DataLoader(datapipe.sample_neighbor(dataset.graph,
+                                                          args.fanout)))
+    model = example.create_model(gbrun.feature_size(dataset, keys),
+                                 dataset.tasks[0].metadata["num_classes"])
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
+    times = {"sample": [], "fetch_graphbolt": [], "fetch": [], "compute": []}
+    input_nodes = []
+
+    def timed(stage, work, *work_args):
+        start = time.perf_counter()
+        result = work(*work_args)
+        times[stage].append(time.perf_counter() - start)
+        return result
+
+    def read(store, ids):
+        x = [store.read(*gbrun.node_key(key), ids) for key in keys]
+        return x[0] if len(x) == 1 else torch.cat(x, dim=1)
+
+    def step(data, x):
+        with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            y_hat = model(data.blocks, x)
+        loss = F.cross_entropy(y_hat.float(), data.labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    # One batch more than counted: the first warms up allocator and threads.
+    for _ in range(args.batches + 1):
+        data = timed("sample", next, batches)
+        ids = data.node_ids()
+        input_nodes.append(ids.numel())
+        # Freed at once: only its time is kept.
+        timed("fetch_graphbolt", lambda: read(stock, ids).numel())
+        x = timed("fetch", read, placed, ids)
+        timed("compute", step, data, x)
+        del data, x
+    # Medians without the warm-up batch.
+    print(json.dumps({
+        "fanout": args.fanout,
+        "threads": args.threads,
+        "precision": args.precision,
+        "input_nodes": statistics.median_high(input_nodes[1:]),
+        **{f"{stage}_s": statistics.median_high(t[1:])
+           for stage, t in times.items()},
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The GraphBolt private attributes gbrun reads (gbrun/graphbolt.py), on the
+installed DGL: if a release renames them, these fail, loudly, instead of a
+run that silently shuffles unseeded or draws a wrong progress bar. The
+counts on a real 4-rank DistributedItemSampler are checked in
+test_exact_across_ranks.py."""
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from gbrun.data import derived_seed
+from gbrun.graphbolt import batches_per_rank, gb, seed_item_sampler
+
+
+def order(sampler):
+    return torch.cat([batch.seed_nodes if hasattr(batch, "seed_nodes")
+                      and batch.seed_nodes is not None else batch.seeds
+                      for batch in sampler]).tolist()
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_batches_per_rank_counts_what_the_sampler_hands_out(drop_last):
+    for items in (15, 16, 3):
+        sampler = gb.ItemSampler(gb.ItemSet(torch.arange(items),
+                                            names="seed_nodes"),
+                                 batch_size=4, drop_last=drop_last)
+        assert batches_per_rank(sampler) == len(list(sampler)), items
+
+
+def test_a_seeded_epoch_shuffles_alike_and_another_epoch_not():
+    def shuffled(epoch, rank=0):
+        sampler = gb.ItemSampler(gb.ItemSet(torch.arange(50),
+                                            names="seed_nodes"),
+                                 batch_size=8, shuffle=True)
+        seed_item_sampler(sampler, 7, rank, epoch, derived_seed)
+        return order(sampler)
+
+    assert shuffled(0) == shuffled(0) != shuffled(1)
+    assert sorted(shuffled(1)) == list(range(50))
+
+
+def test_a_release_without_the_attributes_is_refused_by_name():
+    with pytest.raises(AttributeError, match="neither _rng .dgl 2.1-2.2. "
+                       "nor _seed and _epoch"):
+        seed_item_sampler(types.SimpleNamespace(), 7, 0, 0, derived_seed)
+
+
+def test_the_releases_shapes_are_told_apart():
+    # dgl 2.3-2.4's shape: one permutation from _seed + _epoch, alike on
+    # every rank (the rank is not part of the seed there).
+    later = types.SimpleNamespace(_seed=1, _epoch=5)
+    seed_item_sampler(later, 7, 3, 2, derived_seed)
+    other_rank = types.SimpleNamespace(_seed=1, _epoch=5)
+    seed_item_sampler(other_rank, 7, 0, 2, derived_seed)
+    assert later._epoch == 0 and later._seed == other_rank._seed
+    assert 0 <= later._seed < 2**31 - 1
+    earlier = types.SimpleNamespace(_rng=None)
+    seed_item_sampler(earlier, 7, 3, 2, derived_seed)
+    assert isinstance(earlier._rng, np.random.Generator)
