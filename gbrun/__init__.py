@@ -6,8 +6,11 @@ count, the function each rank runs) as arguments.
     cli         the one-line error for bad input, argument types
     launch      the device plan, mp.spawn and torchrun, a rank's lifecycle
     stop        SIGTERM/SIGINT: every rank stops at one step, resumably
-    data        dataset loading and checks, placement, GraphBolt API shapes,
-                seeded batches
+    data        dataset loading and checks
+    placement   where --mode puts the graph and features, the GPU cache
+    batches     a rank's seeded, skippable mini-batches of one pass
+    graphbolt   GraphBolt's import, its API shapes by release, the private
+                attributes read
     checkpoint  the run state, checkpoint files, model.pt, metrics.jsonl
     metrics     torchmetrics across ranks where a rank has no items
     distributed DGL's distributed engine under the example's loop (imported
@@ -27,16 +30,17 @@ os.environ.setdefault("DGLBACKEND", "pytorch")
 # use; GraphBolt's one-line install check (graphbolt.py) runs where
 # GraphBolt is first needed.
 _NAMES = {
-    "graphbolt": ["INSTALL_CUDA_DGL", "gb"],
+    "graphbolt": ["INSTALL_CUDA_DGL", "gb", "graphbolt_options"],
     "checkpoint": ["CHECKPOINT_FILE", "METRICS_FILE", "MODEL_FILE", "Job",
                    "RunState", "open_checkpoint", "settings"],
     "cli": ["ArgumentParser", "UsageError", "check_fanout", "fail",
             "fanout_list", "int_at_least", "load_example", "port",
             "positive_float", "python_file"],
     "data": ["BUILTIN_DATASETS", "check_dataset", "check_train_split",
-             "dataset_identity", "feature_size", "graphbolt_options",
-             "index_select_store", "load_dataset", "node_key",
-             "place_dataset", "store_in_bf16", "synchronized_time"],
+             "dataset_identity", "feature_size", "load_dataset", "node_key",
+             "store_in_bf16"],
+    "placement": ["index_select_store", "place_dataset"],
+    "batches": ["synchronized_time"],
     "metrics": ["gather_all_tensors"],
     "launch": ["MODES", "barrier", "launch_ranks", "load_job_in_turn",
                "plan_run"],

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .cli import UsageError
-from .data import Batches
+from .batches import Batches
 from .launch import barrier
 from .stop import report_stop
 

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import dgl
 import torch
 
-from .data import Batches, derived_seed
+from .batches import Batches, derived_seed
 
 # How long a server waits, once its last client has gone, before it
 # leaves: a clean shutdown (every trainer done) comes well within it.

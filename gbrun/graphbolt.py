@@ -2,16 +2,16 @@
 dgl 2.4+ refuses to import GraphBolt's CPU build next to a CUDA torch, and
 dgl 2.1-2.3 have no GraphBolt library for a torch they were not built for.
 
-Also the one place that reads GraphBolt's private attributes: an item
-sampler's shuffling state and its batch count, which no public API gives
-(see seed_item_sampler and batches_per_rank, with the releases read).
-tests/test_graphbolt_internals.py fails loudly when a release lacks them.
+Also the options that differ between GraphBolt releases, told apart by
+signature (never by version strings), and the one place that reads
+GraphBolt's private attributes: an item sampler's shuffling state and its
+batch count, which no public API gives (see seed_item_sampler and
+batches_per_rank, with the releases read). tests/test_graphbolt_internals.py
+fails loudly when a release lacks them.
 """
+import inspect
 import os
 import sys
-
-import numpy as np
-
 
 # PyPI's torch 2.2.1 is a CUDA 12.1 build, PyPI's dgl a CPU-only one. DGL's
 # CUDA build of the same release comes from DGL's own wheel index.
@@ -43,7 +43,8 @@ except (ImportError, FileNotFoundError) as error:
           file=sys.stderr)
     sys.exit(2)
 
-__all__ = ["gb", "INSTALL_CUDA_DGL"]
+import numpy as np  # noqa: E402 (once GraphBolt, and so torch, loaded)
+import torch  # noqa: E402
 
 
 def seed_item_sampler(item_sampler, seed, rank, epoch, derive):
@@ -83,3 +84,56 @@ def batches_per_rank(item_sampler):
         item_sampler._world_size or 1, item_sampler._rank or 0, 1, 0, size,
         item_sampler._drop_last, item_sampler._drop_uneven_inputs)
     return -(-count // size)
+
+
+def _accepts(callable_, name):
+    """True if `callable_` takes a parameter `name`: how GraphBolt releases
+    are told apart here (never by parsing version strings)."""
+    return name in inspect.signature(callable_).parameters
+
+
+def graphbolt_options(device, storage):
+    """Keyword arguments for each pipeline stage on this GraphBolt release.
+    - copy_to: dgl 2.1.0 copies seed_nodes only when asked to; newer
+      releases copy everything and have no `extra_attrs`.
+    - sample_neighbor: dgl 2.4 overlaps graph fetching (pinned graphs) and
+      samples asynchronously on the GPU; older releases have no such knobs.
+    - fetch_feature / DataLoader: GraphBolt overlaps feature fetching on a
+      CUDA stream whenever torch has CUDA, even for a CPU rank (where a
+      CPU-only DGL then crashes). Only ranks whose features the GPU reads
+      (pinned or GPU storage) ask for it: with CPU storage (cpu-cuda) the
+      fetch runs in the loader's prefetch thread, whose CUDA device was
+      never set, so its stream and events would open a context on GPU 0 in
+      every rank (dgl 2.1.0, dataloader.py), and the overlap hides nothing
+      there. dgl 2.4 has the knob on fetch_feature, 2.1-2.3 on the
+      DataLoader."""
+    overlap = device.type == "cuda" and storage != "cpu"
+    options = {
+        "copy_to": {}, "sample_neighbor": {}, "fetch_feature": {},
+        "DataLoader": {},
+    }
+    if _accepts(gb.CopyTo.__init__, "extra_attrs"):
+        options["copy_to"]["extra_attrs"] = ["seed_nodes"]
+    if _accepts(gb.NeighborSampler.__init__, "overlap_fetch"):
+        options["sample_neighbor"]["overlap_fetch"] = storage == "pinned"
+    if _accepts(gb.NeighborSampler.__init__, "asynchronous"):
+        options["sample_neighbor"]["asynchronous"] = storage != "cpu"
+    if _accepts(gb.FeatureFetcher.__init__, "overlap_fetch"):
+        options["fetch_feature"]["overlap_fetch"] = overlap
+    if _accepts(gb.DataLoader.__init__, "overlap_feature_fetch"):
+        options["DataLoader"]["overlap_feature_fetch"] = overlap
+    return options
+
+
+def make_gpu_cache(feature, cache_bytes):
+    """A GPU cache of `cache_bytes` bytes in front of `feature`, for each
+    GraphBolt API shape, told apart by signature: dgl 2.4+ has a function
+    taking bytes; 2.2.1-2.3 a class taking bytes; 2.1-2.2.0 the same class
+    taking rows (there `gb.gpu_cached_feature` is the module holding it)."""
+    if inspect.isfunction(getattr(gb, "gpu_cached_feature", None)):
+        return gb.gpu_cached_feature(feature, cache_bytes)
+    if _accepts(gb.GPUCachedFeature.__init__, "max_cache_size_in_bytes"):
+        return gb.GPUCachedFeature(feature, cache_bytes)
+    row = feature.read(torch.tensor([0]))
+    row_bytes = row.element_size() * row.numel()
+    return gb.GPUCachedFeature(feature, max(1, cache_bytes // row_bytes))

@@ -14,7 +14,8 @@ import dgl.graphbolt as gb
 import pytest
 import torch
 
-import gbrun.data
+import gbrun.graphbolt
+import gbrun.placement
 import gbrun.launch as launch
 import node_classification as nc
 from helpers import (
@@ -183,11 +184,11 @@ def test_gpu_cache_size_for_each_graphbolt_api_shape(monkeypatch):
     ]:
         monkeypatch.setattr(gb, "gpu_cached_feature", cached_feature)
         monkeypatch.setattr(gb, "GPUCachedFeature", cls)
-        assert gbrun.data.make_gpu_cache(feature, 3000).size == expected
+        assert gbrun.graphbolt.make_gpu_cache(feature, 3000).size == expected
     # A cache smaller than a row still holds one row.
     monkeypatch.setattr(gb, "gpu_cached_feature", module)
     monkeypatch.setattr(gb, "GPUCachedFeature", _Rows)
-    assert gbrun.data.make_gpu_cache(feature, 50).size == ("rows", 1)
+    assert gbrun.graphbolt.make_gpu_cache(feature, 50).size == ("rows", 1)
 
 
 def test_every_feature_the_model_reads_is_cached_and_stored_in_bf16(
@@ -205,8 +206,8 @@ def test_every_feature_the_model_reads_is_cached_and_stored_in_bf16(
         made[feature.size()[0]] = cache_bytes
         return feature
 
-    monkeypatch.setattr(gbrun.data, "make_gpu_cache", cache)
-    cached = gbrun.data.gpu_cached_store(store, ["feat", "degree"], 3500)
+    monkeypatch.setattr(gbrun.placement, "make_gpu_cache", cache)
+    cached = gbrun.placement.gpu_cached_store(store, ["feat", "degree"], 3500)
     assert made == {32: 3200, 3: 300}
     assert set(cached.keys()) == {("node", None, "feat"),
                                   ("node", None, "degree")}

@@ -6,7 +6,8 @@ import torch
 
 import dgl.graphbolt as gb
 import gbrun
-import gbrun.data
+import gbrun.batches
+import gbrun.placement
 import node_classification as nc
 from helpers import run_gloo_group
 
@@ -37,7 +38,7 @@ def _read_both_ways(rank, dataset_dir):
             job.dataset.graph, features, job.item_sets[0],
             torch.device("cpu"), "cpu", True, args, job.fanout)
         graphbolt_reads[0] = 0
-        batches = gbrun.data.Batches(loader, 0, "train", 3, epoch=0)
+        batches = gbrun.batches.Batches(loader, 0, "train", 3, epoch=0)
         passes[name] = (
             [(data.node_ids(), nc.node_features(data),
               data.labels) for data in batches],
@@ -66,7 +67,7 @@ def test_cpu_ranks_fetch_the_same_rows_with_torch_index_select(
 
 def test_index_select_feature_reads_as_graphbolt_does():
     table = torch.randn(50, 7).to(torch.bfloat16)
-    ours = gbrun.data.IndexSelectFeature(table, {"note": 1})
+    ours = gbrun.placement.IndexSelectFeature(table, {"note": 1})
     theirs = gb.TorchBasedFeature(table)
     for dtype in (torch.int32, torch.int64):
         ids = torch.tensor([3, 3, 49, 0], dtype=dtype)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 import gbrun
 import gbrun.checkpoint
-import gbrun.data
+import gbrun.batches
 import gbrun.launch as launch
 import gbrun.stop
 import node_classification as nc
@@ -249,7 +249,7 @@ def _host_reads_per_step(rank, dataset_dir):
     step, as (step, function)."""
     import sys
 
-    import gbrun.data
+    import gbrun.batches
 
     args = nc.parse_args(["--dataset", dataset_dir, "--gpu=0,1", "--epochs",
                           "1", "--batch-size", "64", "--fanout", "5,5,5",
@@ -257,7 +257,7 @@ def _host_reads_per_step(rank, dataset_dir):
     plan = launch.plan_run(args, {}, launch.Machine(False, False, 0, 2))
     job = nc.load_job(args, 2)
     reads, inside = [], [None]  # the training pass whose step runs now
-    batches_iter = gbrun.data.Batches.__iter__
+    batches_iter = gbrun.batches.Batches.__iter__
 
     def tracked(self):
         for data in batches_iter(self):
@@ -278,7 +278,7 @@ def _host_reads_per_step(rank, dataset_dir):
             return original(*args, **kwargs)
         setattr(owner, name, call)
 
-    gbrun.data.Batches.__iter__ = tracked
+    gbrun.batches.Batches.__iter__ = tracked
     for name in ("item", "tolist", "__bool__", "__int__", "__float__",
                  "cpu", "numpy"):
         counted(torch.Tensor, name)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from gbrun.data import derived_seed
+from gbrun.batches import derived_seed
 from gbrun.graphbolt import batches_per_rank, gb, seed_item_sampler
 
 

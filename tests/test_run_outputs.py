@@ -691,7 +691,7 @@ def _sampled_twice(rank, dataset_dir, threads):
     passes = []
     for seed in (7, 7, 8):
         # Rank 1's view, so no progress bar; epoch 0.
-        batches = gbrun.data.Batches(loader, rank + 1, "train", seed, epoch=0)
+        batches = gbrun.batches.Batches(loader, rank + 1, "train", seed, epoch=0)
         # Input node ids, and each layer's edges in the ids the batch uses.
         passes.append([
             [data.input_nodes, *(torch.stack(b.edges()) for b in data.blocks)]
