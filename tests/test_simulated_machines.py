@@ -536,7 +536,7 @@ def test_partitions_of_other_keys_are_refused(partitions, tmp_path,
 # --- The example, stopped and resumed on 2 machines x 2 trainers -----------------
 
 # 300 training nodes a trainer: 9 full batches of 32 an epoch.
-STOPPED_ARGS = [*TRAIN_ARGS, "--batch-size", 32, "--epochs", 3]
+STOPPED_ARGS = [*TRAIN_ARGS, "--batch-size", 32, "--epochs", 2]
 
 
 @pytest.fixture(scope="module")
@@ -579,16 +579,16 @@ def test_the_examples_edits_train_on_two_machines(namespaces,
     # The edited example's metric, in its full epoch line; the cosine
     # schedule's state came back from the checkpoint.
     epochs = EPOCH_LINE.findall(out)
-    assert [e[0] for e in epochs] == ["00001", "00002"], out
+    assert [e[0] for e in epochs] == ["00001"], out
     assert {e[1] for e in epochs} == {"Macro-F1"}
     assert TEST_LINE.search(out).group(1) == "Macro-F1"
     assert float(TEST_LINE.search(out).group(2)) > 2 / NUM_CLASSES
     ckpt = stopped_and_resumed["out"] / "ckpt"
     checkpoint = torch.load(ckpt / "checkpoint.pt", weights_only=True)
-    assert checkpoint["scheduler"]["last_epoch"] == 3
+    assert checkpoint["scheduler"]["last_epoch"] == 2
     records = [json.loads(line) for line in open(
         stopped_and_resumed["out"] / "logs" / "metrics.jsonl")]
-    assert [r.get("epoch") for r in records] == [0, 1, 2, None]
+    assert [r.get("epoch") for r in records] == [0, 1, None]
     assert records[-1]["metric"] == "Macro-F1" and records[-1]["ranks"] == 4
 
 
@@ -623,8 +623,9 @@ def test_a_resumed_epoch_trains_every_seed_once(namespaces,
     for rank in range(4):
         before = dumped_passes(out / "seeds1", rank)
         after = dumped_passes(out / "seeds2", rank)
-        assert ("train 0" in before, "train 2" in before) == (True, False)
-        assert ("train 0" in after, "train 2" in after) == (False, True)
+        assert ("train 0" in before, "train 1" in before) == (True, True)
+        assert sorted(name for name in after if name.startswith("train")
+                      ) == ["train 1"]
         order, handed_out = before["train 1"]
         again, rest = after["train 1"]
         # The same order after the restart; the stopped run trained its
@@ -632,8 +633,7 @@ def test_a_resumed_epoch_trains_every_seed_once(namespaces,
         assert torch.equal(order, again) and len(order) == 9 * batch
         assert torch.equal(handed_out, order[: step * batch])
         assert torch.equal(rest, order[step * batch:])
-        for epoch in (before["train 0"], after["train 2"]):
-            assert torch.equal(epoch[1], epoch[0])
+        assert torch.equal(before["train 0"][1], before["train 0"][0])
         trained.append(order)
     # The trainers' shares are disjoint training nodes, and every one of
     # them trained as many full batches.
@@ -641,7 +641,7 @@ def test_a_resumed_epoch_trains_every_seed_once(namespaces,
     assert len(trained.unique()) == len(trained) == 4 * 9 * batch
     train = dataset_ids(partitions["dataset"], "train")
     assert torch.isin(original_ids(partitions["out"], trained), train).all()
-    for name, split in (("validate 2", "val"), ("test", "test")):
+    for name, split in (("validate 1", "val"), ("test", "test")):
         seen = torch.cat([dumped_passes(out / "seeds2", r)[name][1]
                           for r in range(4)])
         assert torch.equal(original_ids(partitions["out"], seen),
@@ -655,16 +655,28 @@ def test_a_resumed_epoch_trains_every_seed_once(namespaces,
 def options_run(random_partitions, tmp_path_factory):
     """The example as it is on random partitions, 2 machines with 2 graph
     servers each, one sampler process per trainer and GraphBolt sampling
-    on the servers."""
+    on the servers; side by side, node_classification.py on the same data
+    and arguments (most of either run is start-up)."""
     if missing_prerequisite() is not None:
         return None
     log_dir = tmp_path_factory.mktemp("options")
-    code, out, err = launch(
-        random_partitions["part_config"],
-        [*TRAIN_ARGS, "--epochs", EPOCHS, "--num-workers", 1,
-         "--use-graphbolt"],
-        log_dir, launcher_args=["--servers-per-machine", 2])
-    return {"code": code, "stdout": out, "stderr": err}
+    single = subprocess.Popen(
+        [sys.executable, MAIN_SCRIPT, "--gpu=0,1", "--mode", "cpu-cpu",
+         "--epochs", str(EPOCHS), "--dataset", random_partitions["dataset"],
+         *map(str, TRAIN_ARGS)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        code, out, err = launch(
+            random_partitions["part_config"],
+            [*TRAIN_ARGS, "--epochs", EPOCHS, "--num-workers", 1,
+             "--use-graphbolt"],
+            log_dir, launcher_args=["--servers-per-machine", 2])
+        single_out, single_err = single.communicate(timeout=JOB_TIMEOUT_S)
+    finally:
+        single.kill()
+        single.wait()
+    return {"code": code, "stdout": out, "stderr": err,
+            "single": (single.returncode, single_out, single_err)}
 
 
 def servers_say_graphbolt(stderr, num_machines=2, servers=2):
@@ -698,19 +710,13 @@ def test_samplers_two_servers_random_partitions_and_graphbolt_train(
 
 
 @pytest.mark.slow
-def test_accuracy_matches_single_machine_example(namespaces, options_run,
-                                                 random_partitions):
-    single = run_script(
-        MAIN_SCRIPT,
-        ["--gpu=0,1", "--mode", "cpu-cpu", "--epochs", EPOCHS,
-         "--dataset", random_partitions["dataset"], *TRAIN_ARGS],
-        timeout=JOB_TIMEOUT_S,
-    )
-    assert single.returncode == 0, single.stderr[-3000:]
+def test_accuracy_matches_single_machine_example(namespaces, options_run):
+    code, single, errors = options_run["single"]
+    assert code == 0, errors[-3000:]
     # Both runs take --seed 0. node_classification.py repeats itself under
     # a seed; the distributed job samples neighbors on the servers and in
     # the trainers with random generators the seed does not reach.
-    expected = float(TEST_LINE.search(single.stdout).group(2))
+    expected = float(TEST_LINE.search(single).group(2))
     got = float(TEST_LINE.search(options_run["stdout"]).group(2))
     assert abs(got - expected) <= ACCURACY_MARGIN, (got, expected)
 
