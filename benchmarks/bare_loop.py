@@ -21,17 +21,24 @@ DEFAULT_EXAMPLE = os.path.join(
     "node_classification.py")
 
 
-def parse_args(argv=None):
-    parser = ArgumentParser(description=__doc__.splitlines()[0])
+def child_parser(description):
+    """The options benchmark.py gives its child programs (this one and
+    stage_split.py): what to train on, and how."""
+    parser = ArgumentParser(description=description)
     parser.add_argument("--dataset", required=True)
     parser.add_argument("--example", type=python_file, default=DEFAULT_EXAMPLE)
-    parser.add_argument("--log-dir", required=True)
     parser.add_argument("--threads", type=int_at_least(1), default=1)
     parser.add_argument("--batches", type=int_at_least(1), default=20)
     parser.add_argument("--batch-size", type=int_at_least(1), default=1024)
     parser.add_argument("--fanout", type=fanout_list, default=[10, 10, 10])
     parser.add_argument("--precision", choices=["fp32", "bf16"],
                         default="fp32")
+    return parser
+
+
+def parse_args(argv=None):
+    parser = child_parser(__doc__.splitlines()[0])
+    parser.add_argument("--log-dir", required=True)
     parser.add_argument("--tuned", action="store_true",
                         help="The example's CPU settings: keep_freed_memory, "
                         "poll_less and its feature reads.")

@@ -9,29 +9,15 @@ one JSON line.
     python benchmarks/stage_split.py --dataset /tmp/perf200k --fanout 10,10,10
 """
 import json
-import os
 import statistics
 import sys
 import time
 
-from gbrun.cli import ArgumentParser, fanout_list, int_at_least, python_file
-
-DEFAULT_EXAMPLE = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    "node_classification.py")
+from bare_loop import child_parser
 
 
 def parse_args(argv=None):
-    parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", required=True)
-    parser.add_argument("--example", type=python_file, default=DEFAULT_EXAMPLE)
-    parser.add_argument("--threads", type=int_at_least(1), default=1)
-    parser.add_argument("--batches", type=int_at_least(1), default=8)
-    parser.add_argument("--batch-size", type=int_at_least(1), default=1024)
-    parser.add_argument("--fanout", type=fanout_list, default=[10, 10, 10])
-    parser.add_argument("--precision", choices=["fp32", "bf16"],
-                        default="fp32")
-    return parser.parse_args(argv)
+    return child_parser(__doc__.splitlines()[0]).parse_args(argv)
 
 
 def main(argv=None):

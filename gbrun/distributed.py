@@ -29,7 +29,7 @@ from .batches import Batches, derived_seed
 
 # How long a server waits, once its last client has gone, before it
 # leaves: a clean shutdown (every trainer done) comes well within it.
-CLIENTS_GONE_GRACE_S = 10
+CLIENTS_GONE_GRACE_S = 5
 # How long a server waits for its first client (a trainer that failed before
 # connecting never comes).
 FIRST_CLIENT_TIMEOUT_S = 30 * 60

@@ -222,9 +222,11 @@ def run_example(args, timeout=120, env=None, script=SCRIPT):
 
 def run_examples(*runs, timeout=120, script=SCRIPT):
     """Runs node_classification.py (or `script`) with each (args, env) of
-    `runs` side by side (most of a short run is start-up, on one core);
-    returns their CompletedProcesses in that order."""
-    jobs = [start([sys.executable, script, *args], env=env) for args, env in runs]
+    `runs`, or (args, env, script), side by side (most of a short run is
+    start-up, on one core); returns their CompletedProcesses in that
+    order."""
+    jobs = [start([sys.executable, (run + (script,))[2], *run[0]], env=run[1])
+            for run in runs]
     try:
         return [finish(job, timeout) for job in jobs]
     finally:

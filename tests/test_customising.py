@@ -90,12 +90,65 @@ def test_every_diff_applies_to_the_example(tmp_path):
     edited_copy(tmp_path, "two_features", "auroc")
 
 
+def other_keys(dataset, out):
+    """A copy of `dataset` whose input feature is "x", whose labels are the
+    node feature "y", and whose item sets hold seed nodes only."""
+    copy = str(out / "xy")
+    shutil.copytree(dataset, copy, ignore=shutil.ignore_patterns("preprocessed"))
+    with open(os.path.join(copy, "metadata.yaml")) as f:
+        metadata = yaml.safe_load(f)
+    renames = {"feat": "x", "label": "y"}
+    for feature in metadata["feature_data"]:
+        feature["name"] = renames[feature["name"]]
+    for split in ("train_set", "validation_set", "test_set"):
+        data = metadata["tasks"][0][split][0]["data"]
+        data[:] = [d for d in data if d["name"] == "seed_nodes"]
+    with open(os.path.join(copy, "metadata.yaml"), "w") as f:
+        yaml.safe_dump(metadata, f)
+    return copy
+
+
+@pytest.fixture(scope="module")
+def short_runs(tmp_path_factory, small_dataset, synthetic):
+    """The edits whose checks need one short run, side by side (most of
+    each run is start-up): {edit: (CompletedProcess, copy, dataset, out)}.
+    macro-F1 and AUROC run on a validation set of 60 nodes with batch 64,
+    so that rank 0 scores them all and rank 1 none (540 test nodes: both
+    score some), and with all neighbors, so that their evaluation depends
+    on the model alone."""
+    import numpy as np
+
+    out = tmp_path_factory.mktemp("short")
+    small_val = synthetic("small_val", "--num-nodes", 3000, "--feat-dim", 32,
+                          "--num-classes", 10, "--split", "0.8,0.02,0.18")
+    noise = np.random.default_rng(0).normal(size=(3000, 3)).astype("float32")
+    all_neighbors = [*FAST, "--fanout", "-1,-1,-1", "--epochs", 1, "--seed", 4]
+    runs = {
+        "gat": ([*FAST, "--epochs", 1, "--seed", 1], small_dataset),
+        "keys": ([*FAST, "--fanout", "5,5,5", "--epochs", 2, "--seed", 1],
+                 other_keys(small_dataset, out)),
+        "macro_f1": (all_neighbors, small_val),
+        "auroc": (all_neighbors, with_feature(small_val, out, "degree",
+                                              noise)),
+    }
+    copies = {"gat": ("gat",), "keys": ("keys",), "macro_f1": ("macro_f1",),
+              "auroc": ("two_features", "auroc")}
+    started = []
+    for edit, (args, dataset) in runs.items():
+        copy = edited_copy(out, *copies[edit])
+        outputs = ["--checkpoint-dir", out / edit / "c", "--log-dir",
+                   out / edit / "logs"]
+        started.append(([*args, "--dataset", dataset, *outputs], NO_GPU, copy))
+    done = run_examples(*started, timeout=240)
+    return {edit: (run, copy, runs[edit][1], out / edit)
+            for edit, run, (_, _, copy) in zip(runs, done, started)}
+
+
 @pytest.mark.slow
 def test_a_2_layer_gat_trains_and_refuses_3_fanouts_and_sage_checkpoints(
-        tmp_path, small_dataset, reference_run, capsys, nothing_spawned):
-    gat = edited_copy(tmp_path, "gat")
-    trained = run_example([*FAST, "--epochs", 1, "--seed", 1, "--dataset",
-                           small_dataset], env=NO_GPU, script=gat)
+        tmp_path, short_runs, small_dataset, reference_run, capsys,
+        nothing_spawned):
+    trained, gat, _, _ = short_runs["gat"]
     assert trained.returncode == 0, trained.stderr[-3000:]
     # Measured 0.87 after one epoch (seed 1); chance is 0.1.
     assert reported_test_accuracy(trained.stdout) > 0.6, trained.stdout
@@ -148,31 +201,20 @@ def test_a_cosine_schedule_resumed_after_sigterm_is_exact(
 
 
 @pytest.mark.slow
-def test_macro_f1_is_exact_over_ranks_one_without_items(
-        tmp_path, synthetic, capsys):
-    # 60 validation nodes and batch 64: rank 0 scores them all, rank 1 none.
-    # 540 test nodes: both ranks score some, so their counts must be summed.
-    dataset = synthetic("small_val", "--num-nodes", 3000, "--feat-dim", 32,
-                        "--num-classes", 10, "--split", "0.8,0.02,0.18")
-    f1 = edited_copy(tmp_path, "macro_f1")
-    # All neighbors: evaluation then depends on the model alone.
-    run = run_example(
-        [*FAST, "--fanout", "-1,-1,-1", "--epochs", 1, "--seed", 4,
-         "--dataset", dataset, "--checkpoint-dir", tmp_path / "c",
-         "--log-dir", tmp_path / "logs"], env=NO_GPU, script=f1)
+def test_macro_f1_is_exact_over_ranks_one_without_items(tmp_path, short_runs):
+    run, f1, dataset, out = short_runs["macro_f1"]
     assert run.returncode == 0, run.stderr[-3000:]
     assert re.search(r"^Epoch 00000 \| .* \| Macro-F1 \d\.\d{4} \|",
                      run.stdout, re.M), run.stdout
     assert re.search(r"^Test Macro-F1 \d\.\d{4}$", run.stdout, re.M)
     records = [json.loads(line) for line in
-               open(tmp_path / "logs" / gbrun.METRICS_FILE)]
+               open(out / "logs" / gbrun.METRICS_FILE)]
     reported = [records[0]["val_macro-f1"], records[1]["test_macro-f1"]]
 
     # The same model over every validation and test node, in this process.
     import torchmetrics
 
-    predictions = Predictions(load(f1, "macro_f1_example"), dataset,
-                              tmp_path / "c")
+    predictions = Predictions(load(f1, "macro_f1_example"), dataset, out / "c")
     exact = []
     for split, size in ((1, 60), (2, 540)):
         scores, labels = predictions(split, size)
@@ -187,32 +229,15 @@ def test_macro_f1_is_exact_over_ranks_one_without_items(
     # in test_run_outputs.py's test_plot_metrics_names_a_missing_log).
     import plot_metrics
 
-    plot_metrics.main([str(tmp_path / "logs"), "--out", str(tmp_path / "f1.png")])
+    plot_metrics.main([str(out / "logs"), "--out", str(tmp_path / "f1.png")])
     assert (tmp_path / "f1.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.slow
-def test_a_dataset_with_other_keys(tmp_path, small_dataset, capsys,
-                                   nothing_spawned):
+def test_a_dataset_with_other_keys(short_runs, capsys, nothing_spawned):
     # The input feature is "x", the labels are the node feature "y", and the
     # item sets hold seed nodes only.
-    dataset = str(tmp_path / "xy")
-    shutil.copytree(small_dataset, dataset,
-                    ignore=shutil.ignore_patterns("preprocessed"))
-    with open(os.path.join(dataset, "metadata.yaml")) as f:
-        metadata = yaml.safe_load(f)
-    renames = {"feat": "x", "label": "y"}
-    for feature in metadata["feature_data"]:
-        feature["name"] = renames[feature["name"]]
-    for split in ("train_set", "validation_set", "test_set"):
-        data = metadata["tasks"][0][split][0]["data"]
-        data[:] = [d for d in data if d["name"] == "seed_nodes"]
-    with open(os.path.join(dataset, "metadata.yaml"), "w") as f:
-        yaml.safe_dump(metadata, f)
-
-    keys = edited_copy(tmp_path, "keys")
-    run = run_example([*FAST, "--fanout", "5,5,5", "--epochs", 2, "--seed", 1,
-                       "--dataset", dataset], env=NO_GPU, script=keys)
+    run, _, dataset, _ = short_runs["keys"]
     assert run.returncode == 0, run.stderr[-3000:]
     # The reference run reaches 0.90 in 3 epochs; chance is 0.1.
     assert reported_test_accuracy(run.stdout) > 0.7, run.stdout
@@ -287,29 +312,18 @@ def with_feature(dataset, tmp_path, name, values):
 
 @pytest.mark.slow
 def test_auroc_is_exact_over_ranks_one_without_items_on_two_features(
-        tmp_path, synthetic):
-    import numpy as np
-
-    # 60 validation nodes and batch 64: rank 0 scores them all, rank 1 none.
-    small_val = synthetic("small_val", "--num-nodes", 3000, "--feat-dim", 32,
-                          "--num-classes", 10, "--split", "0.8,0.02,0.18")
-    noise = np.random.default_rng(0).normal(size=(3000, 3)).astype("float32")
-    dataset = with_feature(small_val, tmp_path, "degree", noise)
-    auroc = edited_copy(tmp_path, "two_features", "auroc")
-    run = run_example(
-        [*FAST, "--fanout", "-1,-1,-1", "--epochs", 1, "--seed", 4,
-         "--dataset", dataset, "--checkpoint-dir", tmp_path / "c",
-         "--log-dir", tmp_path / "logs"], env=NO_GPU, script=auroc)
+        short_runs):
+    run, auroc, dataset, out = short_runs["auroc"]
     assert run.returncode == 0, run.stderr[-3000:]
     assert re.search(r"^Test AUROC \d\.\d{4}$", run.stdout, re.M), run.stdout
     records = [json.loads(line) for line in
-               open(tmp_path / "logs" / gbrun.METRICS_FILE)]
+               open(out / "logs" / gbrun.METRICS_FILE)]
     reported = [records[0]["val_auroc"], records[1]["test_auroc"]]
 
     import torchmetrics
 
     module = load(auroc, "auroc_example")
-    predictions = Predictions(module, dataset, tmp_path / "c")
+    predictions = Predictions(module, dataset, out / "c")
     assert predictions.job.in_size == 32 + 3  # both features, side by side
     exact = [torchmetrics.functional.auroc(*predictions(split, size),
                                            task="multiclass", num_classes=10,

@@ -123,10 +123,8 @@ def random_partitions(dataset, tmp_path_factory):
                      "--part-method", "random", "--use-graphbolt")
 
 
-def leftovers(run_id):
-    """Processes of launcher run_id that still exist (its namespaces have no
-    names and live only as long as its processes)."""
-    marker = f"DGLSIM_RUN={run_id}".encode()
+def marked(marker):
+    """Pids of the processes whose environment holds `marker`."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -136,6 +134,12 @@ def leftovers(run_id):
         except OSError:
             pass
     return found
+
+
+def leftovers(run_id):
+    """Processes of launcher run_id that still exist (its namespaces have no
+    names and live only as long as its processes)."""
+    return marked(f"DGLSIM_RUN={run_id}".encode())
 
 
 class Watch:
@@ -799,19 +803,6 @@ def test_timeout_stops_the_job(namespaces, partitions, tmp_path):
 # --- As DGL's tools/launch.py starts a job: nothing kills what is left -------------
 
 
-def marked(marker):
-    """Pids of the processes whose environment holds `marker`."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if marker in f.read().split(b"\0"):
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
-
-
 @pytest.mark.slow
 def test_a_failed_trainer_ends_its_job_under_tools_launch(tmp_path, dataset):
     """One machine, as DGL's tools/launch.py starts it (v2.1.0, the same in
@@ -861,3 +852,23 @@ def test_a_failed_trainer_ends_its_job_under_tools_launch(tmp_path, dataset):
         server.wait()
         trainer.wait()
 
+
+
+def test_the_trainers_options_table_is_its_help(capsys):
+    # docs/distributed.md's table of the trainer's own options names each
+    # option --help shows, and nothing else.
+    import dist_node_classification as trainer
+
+    with pytest.raises(SystemExit) as exited:
+        trainer.parse_args(["--help"])
+    assert exited.value.code == 0
+    ours = capsys.readouterr().out.split("\nThe example's options (")[0]
+    shown = {name for names in re.findall(r"^  (-[\w-]+)(?:, (--[\w-]+))?",
+                                          ours, re.M)
+             for name in names if name}
+    with open(os.path.join(REPO, "docs", "distributed.md")) as f:
+        doc = f.read()
+    table = doc.split("`dist_node_classification.py` takes its own options")[1]
+    table = table.split("\n\n")[1]
+    documented = set(re.findall(r"`(--?[a-z-]+)`", table))
+    assert documented == shown, (documented, shown)
