@@ -22,9 +22,12 @@ def fail(message, speak=True):
 
 
 def is_first_process(env=os.environ):
-    """Under torchrun every rank parses the same arguments: rank 0 speaks
-    (on DGL's distributed engine, trainer 0, not the graph servers)."""
-    return env.get("RANK", "0") == "0" and env.get("DGL_ROLE") != "server"
+    """Under torchrun every rank parses the same arguments: rank 0 speaks.
+    On DGL's distributed engine so do graph server 0 and trainer 0: either
+    may be the first process a launcher sees end."""
+    if env.get("DGL_ROLE") == "server":
+        return env.get("DGL_SERVER_ID", "0") == "0"
+    return env.get("RANK", "0") == "0"
 
 
 class ArgumentParser(argparse.ArgumentParser):

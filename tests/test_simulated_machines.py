@@ -519,13 +519,22 @@ def test_partitions_of_other_keys_are_refused(partitions, tmp_path,
     copy = edited_copy(tmp_path, "two_features")  # reads feat and degree
     ip_config = tmp_path / "ip2.txt"
     ip_config.write_text("10.0.0.1\n10.0.0.2\n")
-    monkeypatch.setenv("DGL_ROLE", "server")  # servers refuse, silently
+    # Servers refuse too; all but server 0 silently.
+    monkeypatch.setenv("DGL_ROLE", "server")
+    monkeypatch.setenv("DGL_SERVER_ID", "1")
     code, lines = run_in_process(
         monkeypatch, capsys,
         lambda: trainer.main(["--example", copy, "--part-config",
                               partitions["part_config"], "--ip-config",
                               str(ip_config)]), ["x"])
     assert (code, lines) == (2, [])
+    monkeypatch.setenv("DGL_SERVER_ID", "0")
+    code, lines = run_in_process(
+        monkeypatch, capsys,
+        lambda: trainer.main(["--example", copy, "--part-config",
+                              partitions["part_config"], "--ip-config",
+                              str(ip_config)]), ["x"])
+    assert code == 2 and len(lines) == 1 and "the partitions hold" in lines[0]
     monkeypatch.delenv("DGL_ROLE")
     code, lines = run_in_process(
         monkeypatch, capsys,
