@@ -33,7 +33,7 @@ CLIENTS_GONE_GRACE_S = 5
 # How long a server waits for its first client (a trainer that failed before
 # connecting never comes).
 FIRST_CLIENT_TIMEOUT_S = 30 * 60
-ESTABLISHED, CLOSE_WAIT = "01", "08"
+ESTABLISHED, LISTEN = "01", "0A"  # TCP states as /proc/net/tcp shows them
 
 
 def node_dataloader_class():
@@ -84,7 +84,6 @@ class DistLoader:
             values = self.g.ndata[key][input_nodes]
             features[key] = values.to(self.dtype or values.dtype)
         return SimpleNamespace(
-            seeds=seeds,
             blocks=[block.to(self.device) for block in blocks],
             node_features={key: value.to(self.device)
                            for key, value in features.items()},
@@ -170,7 +169,7 @@ def connection_states(port):
             continue
         states.update(row[3] for row in rows
                       if int(row[1].rsplit(":", 1)[1], 16) == port
-                      and row[3] != "0A")
+                      and row[3] != LISTEN)
     return states
 
 
