@@ -7,6 +7,7 @@ import os
 import re
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -126,6 +127,23 @@ def gone(pid):
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def spawned_ranks(launcher):
+    """The pids of a launcher's ranks, rank 0 first (mp.spawn starts them in
+    order)."""
+    ranks = [child for child in psutil.Process(launcher).children()
+             if "spawn_main" in " ".join(child.cmdline())]
+    return [rank.pid for rank in sorted(ranks, key=lambda p: p.create_time())]
+
+
+def kill_rank_and_expect_failure(job, rank):
+    """SIGKILL one rank of a running job: the launcher must end within 30 s
+    with its "error: training failed: ...", exit status 1."""
+    os.kill(rank, signal.SIGKILL)
+    killed_at = time.time()
+    assert job.wait(timeout=60) == 1
+    assert time.time() - killed_at < 30
 
 
 def kill_session(process):

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 import torch
 
@@ -26,11 +25,13 @@ from helpers import (
     epoch_lines,
     finish,
     gone,
+    kill_rank_and_expect_failure,
     kill_session,
     read_until,
     reported_test_accuracy,
     run_example,
     run_gloo_group,
+    spawned_ranks,
     start,
 )
 
@@ -57,14 +58,9 @@ def test_killed_run_resumes_from_its_last_checkpoint(small_dataset, tmp_path):
                  "--log-dir", logs], env=NO_GPU)
     try:
         before = read_until(job, r"(?m)^Epoch 00000.*\n", 120)
-        ranks = [p for p in psutil.Process(job.pid).children(recursive=True)
-                 if "spawn_main" in " ".join(p.cmdline())]
+        ranks = spawned_ranks(job.pid)
         assert len(ranks) == 1
-        ranks[0].send_signal(signal.SIGKILL)
-        killed_at = time.time()
-        # The launcher's "error: training failed: ...", exit status 1.
-        assert job.wait(timeout=60) == 1
-        assert time.time() - killed_at < 30
+        kill_rank_and_expect_failure(job, ranks[0])
         uninterrupted = finish(other, 120)
     finally:
         kill_session(job)
@@ -289,14 +285,6 @@ def signalled_runs(small_dataset, tmp_path_factory):
         for job in jobs.values():
             kill_session(job)
     return runs
-
-
-def spawned_ranks(launcher):
-    """The pids of a launcher's ranks, rank 0 first (mp.spawn starts them in
-    order)."""
-    ranks = [child for child in psutil.Process(launcher).children()
-             if "spawn_main" in " ".join(child.cmdline())]
-    return [rank.pid for rank in sorted(ranks, key=lambda p: p.create_time())]
 
 
 @pytest.mark.slow
