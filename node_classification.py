@@ -337,6 +337,9 @@ def run(rank, plan, args, job, stop):
     if job.seed is not None:
         torch.manual_seed(job.seed)
     model = create_model(job.in_size, job.num_classes).to(device)
+    if plan.fused_dropout:
+        # CPU ranks: each nn.Dropout in one pass (--fused-dropout).
+        gbrun.fuse_dropout(model)
     optimizer, scheduler = create_optimizer(model, args)
     # Restores the states of a resumed run; saves them from now on.
     state = gbrun.RunState(
@@ -465,6 +468,12 @@ def parse_args(argv=None):
         help="bf16: node features stored in bfloat16 (half the memory and"
         " the bytes each batch gathers) and the forward pass under autocast;"
         " parameters, optimizer, loss and metrics stay fp32.",
+    )
+    parser.add_argument(
+        "--fused-dropout", action=argparse.BooleanOptionalAction, default=True,
+        help="On CPU ranks, run the model's nn.Dropout layers as one pass with"
+        " a hashed random mask (a C kernel built once with cc);"
+        " --no-fused-dropout keeps torch's.",
     )
     parser.add_argument(
         "--threads", type=gbrun.int_at_least(1), default=None,

@@ -36,12 +36,23 @@ def child_parser(description):
     return parser
 
 
+def create_model(example, dataset, fused_dropout):
+    """The example's model for `dataset`, with its nn.Dropout fused as the
+    example's CPU ranks run it (--fused-dropout)."""
+    import gbrun
+
+    model = example.create_model(
+        gbrun.feature_size(dataset, example.FEATURE_KEYS),
+        dataset.tasks[0].metadata["num_classes"])
+    return gbrun.fuse_dropout(model) if fused_dropout else model
+
+
 def parse_args(argv=None):
     parser = child_parser(__doc__.splitlines()[0])
     parser.add_argument("--log-dir", required=True)
     parser.add_argument("--tuned", action="store_true",
                         help="The example's CPU settings: keep_freed_memory, "
-                        "poll_less and its feature reads.")
+                        "poll_less, its feature reads and fused dropout.")
     return parser.parse_args(argv)
 
 
@@ -76,9 +87,7 @@ def main(argv=None):
     # As upstream's example: copy_to makes the DataLoader prefetch batches
     # in a background thread.
     dataloader = gb.DataLoader(datapipe.copy_to("cpu"), num_workers=0)
-    model = example.create_model(gbrun.feature_size(dataset,
-                                                    example.FEATURE_KEYS),
-                                 task.metadata["num_classes"])
+    model = create_model(example, dataset, args.tuned)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
     os.makedirs(args.log_dir, exist_ok=True)
     for epoch in range(EPOCHS):

@@ -16,14 +16,16 @@ One invocation measures, on the same data:
       sample_neighbor, fetch_feature, SAGE forward, backward, Adam step; no
       DDP, no Join, no metrics) with node_classification.py's SAGE, as
       GraphBolt comes ("bare") and with the example's CPU settings
-      (keep_freed_memory(), poll_less() and its feature reads) applied
-      ("bare+tuned");
+      (keep_freed_memory(), poll_less(), its feature reads and fused
+      dropout) applied ("bare+tuned");
   (b) node_classification.py itself, for every combination of --ranks,
-      --threads (per rank) and --num-workers (per rank), as a user runs it:
+      --threads (per rank), --num-workers (per rank), --precision and
+      --dropout, as a user runs it:
       `--mode cpu-cpu --gpu 0,1,.. --epochs 2 --max-batches N`;
-  (c) with --stages, one rank's time per batch by stage (sampling, feature fetching through
-      GraphBolt's CPU read and through the example's, the model's step), one
-      thread, for each --stages fanout.
+  (c) with --stages, one rank's time per batch by stage (sampling, feature
+      fetching through GraphBolt's CPU read and through the example's, the
+      model's step), one thread, for each --stages fanout, --precision and
+      --dropout.
 Every run is its own process tree, launched and watched from here:
 
 main
@@ -49,6 +51,8 @@ Validation and test are cut to N batches as well. What each column means:
                 threads in one process)
   x 1rank       against one rank with the same threads and workers
   x fp32        against the same run in fp32
+  x torch       against the same run with torch's dropout (--dropout
+                fused,torch; the example's --no-fused-dropout)
   s/batch       wall time per training batch on rank 0, split into
   wait          time blocked on the data loader (sampling and feature fetching
                 that its prefetch thread did not hide) and
@@ -95,6 +99,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_EXAMPLE = os.path.join(os.path.dirname(HERE), "node_classification.py")
 METRICS_FILE = "metrics.jsonl"  # gbrun's, without importing torch here
 EPOCHS = 2  # epoch 0 warms up, epoch 1 is measured
+TORCH_DROPOUT = " torch-dropout"  # in the name of a run with torch's dropout
 
 
 @dataclass
@@ -108,6 +113,7 @@ class Run:
     threads: int = 1
     workers: int = 0
     precision: str = "fp32"
+    dropout: str = "fused"
     env: dict = field(default_factory=dict)
     log_dir: str = None
 
@@ -123,35 +129,55 @@ def bare_command(args, threads, tuned, precision, log_dir):
     ] + (["--tuned"] if tuned else [])
 
 
-def stages_command(args, fanout, precision):
+def dropout_flag(dropout):
+    return "--fused-dropout" if dropout == "fused" else "--no-fused-dropout"
+
+
+def stages_command(args, fanout, precision, dropout):
     return [sys.executable, os.path.join(HERE, "stage_split.py"),
             "--dataset", args.dataset, "--example", args.example,
             "--threads", "1", "--batches", str(args.batches), "--batch-size",
             str(args.batch_size), "--fanout", ",".join(map(str, fanout)),
-            "--precision", precision]
+            "--precision", precision, dropout_flag(dropout)]
 
 
 def measure_stages(args):
     """The stage split of one rank with one thread, for each --stages
-    fanout and --precision, each in its own process."""
+    fanout, --precision and --dropout, each in its own process; with
+    --repeat, round-robin, the repetition with the fastest compute (and
+    every repetition's compute in compute_s_all)."""
+    settings = list(itertools.product(args.stages, args.precision,
+                                      args.dropout))
+    repeats = [[] for _ in settings]
+    for _ in range(args.repeat):
+        for setting, results in zip(settings, repeats):
+            results.append(split_once(args, *setting))
     records = []
-    for fanout, precision in itertools.product(args.stages, args.precision):
-        done = subprocess.run(stages_command(args, fanout, precision),
-                              capture_output=True, text=True,
-                              timeout=args.timeout)
-        if done.returncode != 0:
-            print(f"stage split {fanout} {precision}: failed (exit code "
-                  f"{done.returncode}):\n{done.stderr[-2000:]}",
-                  file=sys.stderr)
-            records.append({"fanout": fanout, "precision": precision,
-                            "exit_code": done.returncode})
+    for results in repeats:
+        measured = [r for r in results if r["exit_code"] == 0]
+        if len(measured) < len(results):
+            records.append(next(r for r in results if r["exit_code"] != 0))
             continue
-        records.append(dict(json.loads(done.stdout.strip().splitlines()[-1]),
-                            exit_code=0))
+        best = dict(min(measured, key=lambda r: r["compute_s"]))
+        best["compute_s_all"] = [r["compute_s"] for r in measured]
+        best["worst_compute_s"] = max(best["compute_s_all"])
+        records.append(best)
     return records
 
 
-def script_command(args, ranks, threads, workers, precision, log_dir):
+def split_once(args, fanout, precision, dropout):
+    done = subprocess.run(stages_command(args, fanout, precision, dropout),
+                          capture_output=True, text=True, timeout=args.timeout)
+    if done.returncode != 0:
+        print(f"stage split {fanout} {precision} {dropout}: failed (exit code"
+              f" {done.returncode}):\n{done.stderr[-2000:]}", file=sys.stderr)
+        return {"fanout": fanout, "precision": precision, "dropout": dropout,
+                "exit_code": done.returncode}
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]), exit_code=0)
+
+
+def script_command(args, ranks, threads, workers, precision, dropout,
+                   log_dir):
     if args.launcher == "torchrun":
         start = [sys.executable, "-m", "torch.distributed.run",
                  f"--nproc-per-node={ranks}", args.example]
@@ -179,6 +205,7 @@ def script_command(args, ranks, threads, workers, precision, log_dir):
         ",".join(map(str, args.fanout)),
         "--precision",
         precision,
+        dropout_flag(dropout),
     ]
 
 
@@ -337,13 +364,14 @@ def summarize(epochs, samples, launched, ranks, batch_size):
 
 # ---------------------------------------------------------------- reporting
 COLUMNS = [  # (title, width, format, key)
-    ("run", 22, "", "name"),
+    ("run", 28, "", "name"),
     ("seeds/s", 8, ".0f", "seeds_per_s"),
     ("worst", 6, ".0f", "worst_seeds_per_s"),
     ("x bare", 6, ".2f", "vs_bare"),
     ("x cores", 7, ".2f", "vs_bare_cores"),
     ("x 1rank", 7, ".2f", "vs_one_rank"),
     ("x fp32", 6, ".2f", "vs_fp32"),
+    ("x torch", 7, ".2f", "vs_torch_dropout"),
     ("s/batch", 7, ".3f", "s_per_batch"),
     ("wait", 6, ".3f", "wait_per_batch"),
     ("compute", 7, ".3f", "compute_per_batch"),
@@ -382,11 +410,13 @@ def print_rows(columns, records):
 STAGE_COLUMNS = [  # (title, width, format, key)
     ("fanout", 12, "", "fanout"),
     ("precision", 9, "", "precision"),
+    ("dropout", 7, "", "dropout"),
     ("input nodes", 11, ",.0f", "input_nodes"),
     ("sample", 7, ".3f", "sample_s"),
     ("fetch gb", 8, ".3f", "fetch_graphbolt_s"),
     ("fetch", 6, ".3f", "fetch_s"),
     ("compute", 7, ".3f", "compute_s"),
+    ("worst", 6, ".3f", "worst_compute_s"),
 ]
 
 
@@ -400,19 +430,20 @@ def add_ratios(runs):
     """x bare: against the bare loop (default allocator) with as many threads
     per process; x cores: against it on as many threads in all; x 1rank:
     against one rank with the same threads and workers; x fp32: against the
-    same run in fp32."""
+    same run in fp32; x torch: against the same run with torch's dropout."""
     bare = {
         (r["threads"], r["precision"]): r
         for r in runs
         if r["name"].startswith("bare ") and "+tuned" not in r["name"]
     }
     one_rank = {
-        (r["threads"], r["workers"], r["precision"]): r
+        (r["threads"], r["workers"], r["precision"], r["dropout"]): r
         for r in runs
         if r.get("ranks") == 1 and "seeds_per_s" in r
     }
     # The same run in fp32: what the same name has without " bf16".
     fp32 = {r["name"]: r for r in runs if r["precision"] == "fp32"}
+    by_name = {r["name"]: r for r in runs}
     for run in runs:
         if "seeds_per_s" not in run:
             continue
@@ -426,13 +457,18 @@ def add_ratios(runs):
         if cores and "seeds_per_s" in cores and cores is not run:
             run["vs_bare_cores"] = run["seeds_per_s"] / cores["seeds_per_s"]
         if run.get("ranks"):
-            key = (run["threads"], run["workers"], run["precision"])
+            key = (run["threads"], run["workers"], run["precision"],
+                   run["dropout"])
             single = one_rank.get(key)
             if single and single is not run:
                 run["vs_one_rank"] = run["seeds_per_s"] / single["seeds_per_s"]
         same = fp32.get(run["name"].replace(f" {run['precision']}", ""))
         if same and same is not run and "seeds_per_s" in same:
             run["vs_fp32"] = run["seeds_per_s"] / same["seeds_per_s"]
+        torch_dropout = by_name.get(run["name"] + TORCH_DROPOUT)
+        if torch_dropout and "seeds_per_s" in torch_dropout:
+            run["vs_torch_dropout"] = (run["seeds_per_s"]
+                                       / torch_dropout["seeds_per_s"])
 
 
 def wait_for_load(threshold, deadline):
@@ -450,6 +486,14 @@ def count_list(text):
 
 def worker_list(text):
     return [int_at_least(0)(part) for part in text.split(",")]
+
+
+def dropout_list(text):
+    values = text.split(",")
+    if not values or any(v not in ("fused", "torch") for v in values):
+        raise argparse.ArgumentTypeError(
+            f"'{text}': fused, torch or fused,torch")
+    return values
 
 
 def precision_list(text):
@@ -498,6 +542,12 @@ def parse_args(argv=None):
         "--precision", type=precision_list, default=["fp32"],
         help="Precisions to compare, fp32 and/or bf16 (the example's"
         " --precision). Default: fp32",
+    )
+    parser.add_argument(
+        "--dropout", type=dropout_list, default=["fused"],
+        help="The example's dropout to compare: fused (--fused-dropout)"
+        " and/or torch (--no-fused-dropout), for the example's runs and the"
+        " stage split. Default: fused",
     )
     parser.add_argument("--batch-size", type=int_at_least(1), default=1024)
     parser.add_argument("--fanout", type=fanout_list, default=[10, 10, 10])
@@ -580,18 +630,22 @@ def plan_runs(args, log_root):
             runs.append(Run(name, bare_command(args, threads, tuned, precision,
                                                log_dir()),
                             threads=threads, precision=precision,
+                            dropout="fused" if tuned else "torch",
                             log_dir=log_dir()))
     extra = dict(item.split("=", 1) for item in args.env)
-    for precision, ranks, threads, workers in itertools.product(
-        args.precision, args.ranks, args.threads, args.num_workers
+    for precision, ranks, threads, workers, dropout in itertools.product(
+        args.precision, args.ranks, args.threads, args.num_workers,
+        args.dropout,
     ):
         name = f"script {ranks}r x {threads}t" + (f" w{workers}" if workers else "")
         name += "" if precision == "fp32" else f" {precision}"
+        name += TORCH_DROPOUT if dropout == "torch" else ""
         if args.launcher == "torchrun":
             name = name.replace("script", "torchrun")
         runs.append(Run(name, script_command(args, ranks, threads, workers,
-                                             precision, log_dir()),
-                        ranks, threads, workers, precision, extra, log_dir()))
+                                             precision, dropout, log_dir()),
+                        ranks, threads, workers, precision, dropout, extra,
+                        log_dir()))
     return runs
 
 
@@ -618,6 +672,7 @@ def run_once(args, run):
         "threads": run.threads,
         "workers": run.workers,
         "precision": run.precision,
+        "dropout": run.dropout,
         "command": run.command,
         "env": run.env,
         "load_before": load_before,

@@ -3,21 +3,27 @@
 measured one after the other on the same batches. Sampling is the seeds'
 sample_neighbor; fetching is the input nodes' features read by GraphBolt's
 store as it comes and by the example's (place_dataset, CPU storage);
-compute is the example's model's forward, backward and Adam step. Prints
+compute is the example's model's forward, backward and Adam step (with
+its dropout fused, as on the example's CPU ranks, or torch's). Prints
 one JSON line.
 
     python benchmarks/stage_split.py --dataset /tmp/perf200k --fanout 10,10,10
 """
+import argparse
 import json
 import statistics
 import sys
 import time
 
-from bare_loop import child_parser
+from bare_loop import child_parser, create_model
 
 
 def parse_args(argv=None):
-    return child_parser(__doc__.splitlines()[0]).parse_args(argv)
+    parser = child_parser(__doc__.splitlines()[0])
+    parser.add_argument("--fused-dropout", default=True,
+                        action=argparse.BooleanOptionalAction,
+                        help="As the example's option (default: on).")
+    return parser.parse_args(argv)
 
 
 def main(argv=None):
@@ -45,8 +51,7 @@ def main(argv=None):
                               shuffle=True, drop_last=True)
     batches = iter(gb.DataLoader(datapipe.sample_neighbor(dataset.graph,
                                                           args.fanout)))
-    model = example.create_model(gbrun.feature_size(dataset, keys),
-                                 dataset.tasks[0].metadata["num_classes"])
+    model = create_model(example, dataset, args.fused_dropout)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
     times = {"sample": [], "fetch_graphbolt": [], "fetch": [], "compute": []}
     input_nodes = []
@@ -84,6 +89,7 @@ def main(argv=None):
         "fanout": args.fanout,
         "threads": args.threads,
         "precision": args.precision,
+        "dropout": "fused" if args.fused_dropout else "torch",
         "input_nodes": statistics.median_high(input_nodes[1:]),
         **{f"{stage}_s": statistics.median_high(t[1:])
            for stage, t in times.items()},

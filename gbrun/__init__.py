@@ -16,6 +16,7 @@ count, the function each rank runs) as arguments.
     distributed DGL's distributed engine under the example's loop (imported
                 by the distributed trainer only)
     tuning      CPU allocator and prefetcher settings
+    dropout     nn.Dropout in one pass on CPU ranks (a C kernel built once)
     ondisk      the OnDiskDataset writer the dataset scripts share
 """
 import importlib
@@ -46,6 +47,7 @@ _NAMES = {
                "plan_run"],
     "stop": ["StopSignal"],
     "tuning": ["keep_freed_memory", "poll_less"],
+    "dropout": ["fuse_dropout"],
 }
 _MODULE_OF = {name: module for module, names in _NAMES.items()
               for name in names}

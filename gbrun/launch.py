@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.reductions import ForkingPickler
 
+from . import dropout
 from .cli import UsageError, fail, is_first_process
 from .graphbolt import INSTALL_CUDA_DGL
 from .stop import StopSignal, relay_stop_signals
@@ -52,6 +53,7 @@ class Plan:
     init_method: str
     threads: int
     autocast: bool  # bf16 autocast in the forward pass
+    fused_dropout: bool  # the model's nn.Dropout as gbrun's one-pass kernel
     rank_env: dict  # environment for spawned ranks
     notices: list  # lines to print before training
     load_timeout: datetime.timedelta = LOAD_TIMEOUT
@@ -80,6 +82,8 @@ class Machine:
     num_cores: int
     gpu_bf16: bool = True  # the GPUs compute in bfloat16
     cpu_bf16: bool = False  # the CPU computes bfloat16 natively
+    # Why gbrun's dropout kernel cannot be built here (None: it can).
+    dropout_problem: str = None
 
 
 def detect_machine(precision):
@@ -91,7 +95,7 @@ def detect_machine(precision):
     cores = len(os.sched_getaffinity(0))
     return Machine(
         cuda, dgl_cuda, torch.cuda.device_count(), cores, gpu_bf16,
-        cpu_has_bf16(),
+        cpu_has_bf16(), dropout.kernel_problem(),
     )
 
 
@@ -192,6 +196,13 @@ def plan_run(args, env=os.environ, machine=None, distributed=False):
             "(AVX512-BF16, AMX), so features are stored in bf16 (half the "
             "memory) and the model computes in fp32."
         )
+    # GPUs have torch's fused dropout already.
+    fused_dropout = train_device == "cpu" and getattr(args, "fused_dropout",
+                                                      False)
+    if fused_dropout and machine.dropout_problem:
+        notices.append(f"--fused-dropout: {machine.dropout_problem}; the "
+                       "model keeps torch's dropout.")
+        fused_dropout = False
     # Upstream's cpu_count // 2 // world_size is 0 on small machines.
     threads = args.threads or max(1, num_cores // local_world_size)
     rank_env = {"OMP_NUM_THREADS": str(threads)}
@@ -212,6 +223,7 @@ def plan_run(args, env=os.environ, machine=None, distributed=False):
         init_method=init_method,
         threads=threads,
         autocast=autocast,
+        fused_dropout=fused_dropout,
         rank_env=rank_env,
         notices=notices,
     )

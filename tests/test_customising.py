@@ -251,10 +251,10 @@ def test_a_dataset_with_other_keys(short_runs, capsys, nothing_spawned):
 def test_multi_label_with_the_best_model_kept_across_a_resume(
         tmp_path, multi_label_dataset, capsys, nothing_spawned):
     copy = edited_copy(tmp_path, "multi_label", "best_model")
-    # Seed 4 at lr 0.03 validates best after epoch 0 (Micro-F1 0.6457, then
-    # 0.5888 after epoch 1): a resumed run that forgot the best would write
+    # Seed 1 at lr 0.03 validates best after epoch 0 (Micro-F1 0.6217, then
+    # 0.5797 after epoch 1): a resumed run that forgot the best would write
     # epoch 1's model as best.pt.
-    common = [*FAST, "--fanout", "5,5,5", "--epochs", 2, "--seed", 4,
+    common = [*FAST, "--fanout", "5,5,5", "--epochs", 2, "--seed", 1,
               "--lr", 0.03, "--max-batches", 6, "--dataset",
               multi_label_dataset]
     # The 10th check is epoch 1's third step; training stops after the 4th.

@@ -567,3 +567,19 @@ def test_commands_are_in_blocks_that_run():
                 "tests/test_docs.py; use ```bash, ```python, or ```text for "
                 "text that is not a command"
             )
+
+
+def test_the_readmes_options_table_is_the_examples_help(capsys):
+    # README's Options table names each option of node_classification.py's
+    # --help (a --no-X form with its --X), and nothing else.
+    import node_classification as nc
+
+    with pytest.raises(SystemExit) as exited:
+        nc.parse_args(["--help"])
+    assert exited.value.code == 0
+    shown = set(re.findall(r"^  (--[\w-]+)", capsys.readouterr().out, re.M))
+    shown -= {"--help"}
+    readme = open(os.path.join(REPO, "README.md")).read()
+    table = readme.split("\n## Options\n")[1].strip().split("\n\n")[0]
+    documented = set(re.findall(r"^\| `(--[\w-]+)`", table, re.M))
+    assert documented == shown, (documented ^ shown)

@@ -316,9 +316,11 @@ def test_benchmark_summary_is_what_the_records_and_samples_say():
 
 
 def test_benchmark_ratios_compare_like_with_like():
-    def run(name, seeds, threads=1, ranks=None, workers=0, precision="fp32"):
+    def run(name, seeds, threads=1, ranks=None, workers=0, precision="fp32",
+            dropout="fused"):
         return dict(name=name, seeds_per_s=seeds, threads=threads,
-                    ranks=ranks, workers=workers, precision=precision)
+                    ranks=ranks, workers=workers, precision=precision,
+                    dropout=dropout)
 
     runs = [
         run("bare 1t", 100), run("bare 1t+tuned", 400),
@@ -329,6 +331,8 @@ def test_benchmark_ratios_compare_like_with_like():
         run("script 1r x 1t w1", 50, ranks=1, workers=1),
         run("script 2r x 2t", 300, threads=2, ranks=2),
         run("script 2r x 1t bf16", 60, ranks=2, precision="bf16"),
+        run("script 1r x 1t torch-dropout", 40, ranks=1, dropout="torch"),
+        run("script 2r x 1t torch-dropout", 96, ranks=2, dropout="torch"),
     ]
     benchmark.add_ratios(runs)
     by_name = {r["name"]: r for r in runs}
@@ -349,3 +353,10 @@ def test_benchmark_ratios_compare_like_with_like():
     assert by_name["script 2r x 1t bf16"]["vs_fp32"] == pytest.approx(0.5)
     assert "vs_bare" not in by_name["script 2r x 1t bf16"]
     assert "vs_bare" not in by_name["bare 1t"]
+    # Fused dropout against the same run with torch's; one rank with the
+    # same dropout.
+    assert two["vs_torch_dropout"] == pytest.approx(1.25)
+    assert "vs_torch_dropout" not in by_name["script 2r x 2t"]
+    torch_two = by_name["script 2r x 1t torch-dropout"]
+    assert torch_two["vs_one_rank"] == pytest.approx(2.4)
+    assert "vs_torch_dropout" not in torch_two

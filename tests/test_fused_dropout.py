@@ -1,0 +1,220 @@
+"""--fused-dropout (gbrun/dropout.py, dropout.c): nn.Dropout as one pass on
+CPU ranks. The kernel keeps each element with probability 1 - p and scales
+it as torch's dropout does, independently of its neighbours and of other
+calls; its mask repeats with torch's seed at any thread count; backward
+applies the forward's mask; everything it does not handle, and a machine
+where it cannot be built, falls back to torch's dropout."""
+import math
+
+import dgl.nn as dglnn
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import gbrun
+import gbrun.dropout as fused
+import gbrun.launch as launch
+import node_classification as nc
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def dropout(p):
+    return gbrun.fuse_dropout(nn.Sequential(nn.Dropout(p)))[0]
+
+
+def nonzero(shape, dtype):
+    """Inputs that are never 0, so a zero output means dropped."""
+    return (torch.rand(shape) + 0.5).to(dtype)
+
+
+def scale(p, dtype):
+    # What torch's dropout multiplies a kept element by (noise.div_(1 - p)).
+    return torch.ones((), dtype=dtype).div_(1 - p)
+
+
+def test_the_kernel_builds_here():
+    assert fused.kernel_problem() is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_kept_elements_are_scaled_as_torch_scales_them_at_rate_1_minus_p(
+        dtype, p):
+    x = nonzero((1000, 1000), dtype)
+    torch.manual_seed(0)
+    y = dropout(p)(x)
+    kept = y != 0
+    assert y.dtype == dtype and y.shape == x.shape
+    assert torch.equal(y[kept], x[kept] * scale(p, dtype))
+    n = x.numel()
+    # Within 5 standard deviations of a binomial(n, 1 - p) count.
+    assert abs(kept.sum().item() - n * (1 - p)) < 5 * math.sqrt(n * p * (1 - p))
+
+
+def test_elements_and_calls_are_independent():
+    p, n = 0.5, 1 << 20
+    torch.manual_seed(0)
+    layer = dropout(p)
+    first = layer(torch.ones(n)) != 0
+    second = layer(torch.ones(n)) != 0
+    bound = 5 * math.sqrt(n * 0.25 * 0.75)  # binomial(n, 1/4)
+
+    def both_kept(a, b):
+        return abs((a & b).sum().item() - len(a) * 0.25) < bound
+
+    # Neighbours in memory, in a row of 256, and two calls.
+    assert both_kept(first[1:], first[:-1])
+    assert both_kept(first[256:], first[:-256])
+    assert both_kept(first, second)
+    assert not torch.equal(first, second)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_applies_the_forward_mask(dtype):
+    p = 0.3
+    x = nonzero((300, 257), dtype).requires_grad_()
+    torch.manual_seed(0)
+    y = dropout(p)(x)
+    upstream = torch.randn(x.shape).to(dtype)
+    y.backward(upstream)
+    mask = (y != 0).to(dtype) * scale(p, dtype)
+    assert torch.equal(x.grad, upstream * mask)
+
+
+def test_the_mask_repeats_with_the_seed_at_any_thread_count():
+    x = torch.randn(1000, 300)
+    layer = dropout(0.5)
+    threads = torch.get_num_threads()
+    masks = []
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            torch.manual_seed(7)
+            masks.append(layer(x))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(masks[0], masks[1]) and torch.equal(masks[0], masks[2])
+    torch.manual_seed(8)
+    assert not torch.equal(layer(x), masks[0])
+
+
+def test_a_non_contiguous_input_is_masked_as_its_contiguous_copy():
+    x = torch.randn(300, 400)
+    layer = dropout(0.5)
+    torch.manual_seed(0)
+    strided = layer(x.t())
+    torch.manual_seed(0)
+    assert torch.equal(strided, layer(x.t().contiguous()))
+
+
+@pytest.mark.parametrize("case", ["eval", "p=0", "p=1", "inplace", "float64"])
+def test_what_the_kernel_does_not_handle_is_torchs_dropout(case):
+    p = {"p=0": 0.0, "p=1": 1.0}.get(case, 0.5)
+    layer = gbrun.fuse_dropout(nn.Sequential(
+        nn.Dropout(p, inplace=case == "inplace")))[0]
+    assert isinstance(layer, fused.Dropout)
+    dtype = torch.float64 if case == "float64" else torch.float32
+    x = torch.randn(200, 300, dtype=dtype)
+    if case == "eval":
+        layer.eval()
+    torch.manual_seed(0)
+    expected = F.dropout(x.clone(), p, case != "eval")
+    torch.manual_seed(0)
+    assert torch.equal(layer(x.clone()), expected)
+
+
+def test_only_nn_dropout_is_replaced_and_the_model_looks_the_same():
+    model = nn.Sequential(
+        nn.Dropout(0.2), nn.Dropout2d(0.3), nn.AlphaDropout(0.1),
+        nn.ModuleList([dglnn.SAGEConv(4, 4, "mean", feat_drop=0.4)]),
+    )
+    before, state = repr(model), model.state_dict()
+    assert gbrun.fuse_dropout(model) is model
+    assert type(model[0]) is fused.Dropout and model[0].p == 0.2
+    assert type(model[1]) is nn.Dropout2d
+    assert type(model[2]) is nn.AlphaDropout
+    assert type(model[3][0].feat_drop) is fused.Dropout
+    assert model[3][0].feat_drop.p == 0.4
+    assert repr(model) == before
+    assert model.state_dict().keys() == state.keys()
+
+
+def test_the_examples_model_trains_with_it_as_with_torchs(small_dataset):
+    """Same data, same initial weights: one step moves every parameter, and
+    the loss falls over a few steps with either dropout."""
+    job = nc.load_job(nc.parse_args(["--dataset", small_dataset]), 1)
+    dataloader = gbrun.gb.DataLoader(
+        gbrun.gb.ItemSampler(job.item_sets[0], batch_size=256)
+        .sample_neighbor(job.dataset.graph, job.fanout)
+        .fetch_feature(job.dataset.feature, node_feature_keys=nc.FEATURE_KEYS))
+    batches = [batch for _, batch in zip(range(4), dataloader)]
+    losses = {}
+    for name in ("torch", "fused"):
+        torch.manual_seed(0)
+        model = nc.create_model(job.in_size, job.num_classes)
+        if name == "fused":
+            gbrun.fuse_dropout(model)
+        start = [p.detach().clone() for p in model.parameters()]
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        losses[name] = []
+        for batch in batches * 3:
+            loss = F.cross_entropy(
+                model(batch.blocks, nc.node_features(batch)), batch.labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses[name].append(loss.item())
+        assert all(not torch.equal(a, b)
+                   for a, b in zip(start, model.parameters()))
+    for name, values in losses.items():
+        assert values[-1] < 0.8 * values[0], (name, values)
+
+
+def test_without_a_compiler_the_model_keeps_torchs_dropout(
+        monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for compiler, words in [(str(tmp_path / "no-cc"), "no C compiler"),
+                            ("false", "failed to compile")]:
+        monkeypatch.setenv("CC", compiler)
+        monkeypatch.setattr(fused, "_kernel", None)
+        assert words in fused.kernel_problem()
+        x = torch.randn(100, 100)
+        torch.manual_seed(0)
+        expected = F.dropout(x, 0.5, True)
+        torch.manual_seed(0)
+        assert torch.equal(dropout(0.5)(x), expected)
+    assert not list((tmp_path / "gbrun").glob("*.so"))
+
+
+def test_a_fresh_cache_builds_the_kernel_once(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(fused, "_kernel", None)
+    assert fused.kernel_problem() is None
+    built = list((tmp_path / "gbrun").iterdir())
+    assert len(built) == 1 and built[0].suffix == ".so"
+    monkeypatch.setattr(fused, "_kernel", None)
+    mtime = built[0].stat().st_mtime_ns
+    assert fused.kernel_problem() is None
+    assert built[0].stat().st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("mode, problem, fused_dropout, notice", [
+    ("cpu-cpu", None, True, False),
+    ("cpu-cpu", "no C compiler 'cc' (set CC)", False, True),
+    ("cpu-cuda", None, False, False),  # CUDA has torch's fused dropout
+])
+def test_the_plan_fuses_dropout_on_cpu_ranks_that_can_build_it(
+        mode, problem, fused_dropout, notice):
+    cuda = mode != "cpu-cpu"
+    machine = launch.Machine(cuda, cuda, 2 if cuda else 0, 2,
+                             dropout_problem=problem)
+    args = nc.parse_args(["--mode", mode, "--gpu", "0"])
+    plan = launch.plan_run(args, {}, machine)
+    assert plan.fused_dropout is fused_dropout
+    lines = [n for n in plan.notices if n.startswith("--fused-dropout")]
+    assert lines == ([f"--fused-dropout: {problem}; the model keeps torch's "
+                      "dropout."] if notice else [])
+    off = nc.parse_args(["--mode", mode, "--gpu", "0", "--no-fused-dropout"])
+    assert launch.plan_run(off, {}, machine).fused_dropout is False
