@@ -191,6 +191,11 @@ class Watch:
                 env = child.environ()
             except (psutil.Error, OSError):
                 continue
+            if not env:
+                # Linux reads an empty environment from a process in the
+                # middle of execve (nsenter becoming python) or a zombie:
+                # not known yet, so look again at the next poll.
+                continue
             self.processes[key] = {"marker": env.get("DGLSIM_RUN"),
                                    "role": env.get("DGL_ROLE"), "cmdline": cmdline}
 
