@@ -1,9 +1,10 @@
-"""--fused-dropout (gbrun/dropout.py, dropout.c): nn.Dropout as one pass on
-CPU ranks. The kernel keeps each element with probability 1 - p and scales
-it as torch's dropout does, independently of its neighbours and of other
-calls; its mask repeats with torch's seed at any thread count; backward
-applies the forward's mask; everything it does not handle, and a machine
-where it cannot be built, falls back to torch's dropout."""
+"""--fused-dropout (gbrun/dropout.py, dropout.c): nn.Dropout, and ReLU then
+nn.Dropout, as one pass on CPU ranks. The kernel keeps each element with
+probability 1 - p and scales it as torch's dropout does, independently of
+its neighbours and of other calls; its mask repeats with torch's seed at
+any thread count; backward applies the forward's mask; ReLU then dropout
+equals the two one after the other, to the bit; everything it does not
+handle, and a machine where it cannot be built, falls back to torch's."""
 import math
 
 import dgl.nn as dglnn
@@ -139,6 +140,77 @@ def test_only_nn_dropout_is_replaced_and_the_model_looks_the_same():
     assert model[3][0].feat_drop.p == 0.4
     assert repr(model) == before
     assert model.state_dict().keys() == state.keys()
+
+
+def relu_dropout(p):
+    return gbrun.fuse_dropout(nn.Sequential(
+        nn.Sequential(nn.ReLU(), nn.Dropout(p))))[0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_relu_then_dropout_in_one_pass_equals_the_two_one_after_the_other(
+        dtype):
+    """The same mask as the kernel's dropout after torch's ReLU, forward
+    and backward, to the bit."""
+    p = 0.4
+    x = torch.randn(300, 257).to(dtype)
+    upstream = torch.randn(x.shape).to(dtype)
+    outputs, grads = [], []
+    for layer in (relu_dropout(p), nn.Sequential(nn.ReLU(), dropout(p))):
+        leaf = x.clone().requires_grad_()
+        torch.manual_seed(0)
+        y = layer(leaf)
+        y.backward(upstream)
+        outputs.append(y)
+        grads.append(leaf.grad)
+    assert isinstance(relu_dropout(p), fused.ReLUDropout)
+    assert torch.equal(outputs[0], outputs[1])
+    assert torch.equal(grads[0], grads[1])
+    # And what that is: ReLU's output times the mask; the gradient passes,
+    # scaled, where an element is kept and positive.
+    kept = outputs[0] != 0
+    assert torch.equal(outputs[0][kept], F.relu(x)[kept] * scale(p, dtype))
+    assert torch.equal(grads[0], torch.where(x > 0, upstream * scale(p, dtype),
+                                             0).to(dtype) * kept)
+    assert abs(kept.float().mean().item() - 0.5 * (1 - p)) < 0.02
+
+
+@pytest.mark.parametrize("case", ["eval", "float64", "p=0"])
+def test_what_the_kernel_does_not_handle_is_relu_then_torchs_dropout(case):
+    p = 0.0 if case == "p=0" else 0.5
+    layer = relu_dropout(p)
+    dtype = torch.float64 if case == "float64" else torch.float32
+    x = torch.randn(200, 300, dtype=dtype)
+    if case == "eval":
+        layer.eval()
+    torch.manual_seed(0)
+    expected = F.dropout(F.relu(x), p, case != "eval")
+    torch.manual_seed(0)
+    assert torch.equal(layer(x), expected)
+
+
+def test_only_relu_then_dropout_alone_in_a_sequential_runs_as_one_pass():
+    model = nn.Sequential(
+        nn.Sequential(nn.ReLU(), nn.Dropout(0.3)),
+        nn.Sequential(nn.ReLU(inplace=True), nn.Dropout(0.3)),
+        nn.Sequential(nn.ReLU(), nn.Dropout(0.3), nn.Linear(4, 4)),
+        nn.Sequential(nn.ELU(), nn.Dropout(0.3)),
+    )
+    model[3].eval()
+    before, state = repr(model), model.state_dict()
+    gbrun.fuse_dropout(model)
+    assert type(model[0]) is fused.ReLUDropout and model[0][1].p == 0.3
+    # Each replacement keeps its module's mode.
+    assert model[0].training and not model[3][1].training
+    # Elsewhere only the nn.Dropout is replaced.
+    for sequential in model[1:]:
+        assert type(sequential) is nn.Sequential
+        assert type(sequential[1]) is fused.Dropout
+    assert repr(model) == before
+    assert model.state_dict().keys() == state.keys()
+    # The example's model has the pair between its layers.
+    example = gbrun.fuse_dropout(nc.create_model(10, 3))
+    assert [type(m) for m in example.modules()].count(fused.ReLUDropout) == 1
 
 
 def test_the_examples_model_trains_with_it_as_with_torchs(small_dataset):
