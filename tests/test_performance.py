@@ -19,29 +19,52 @@ import gbrun
 import gbrun.launch
 import node_classification as nc
 
-# In a fresh interpreter: allocate and free 256 MB in the main thread or in
-# another thread (as GraphBolt's prefetch thread does), and print how much
-# of it the process still holds afterwards. One thread per process: in one
-# process the second thread could reuse the block the first one kept, which
-# looks like nothing kept. The block comes from glibc's posix_memalign, as
-# torch's CPU tensors do; without torch and DGL to import, a process takes
-# 0.05 s instead of 2 s.
-KEPT_AFTER_FREE = """
-import ctypes, importlib.util, sys, threading
+# What each fresh interpreter below starts with: gbrun/tuning.py loaded from
+# its path (without gbrun's imports), applied if argv[2] is "tuned", and a
+# reader of the process's resident memory.
+TUNED_INTERPRETER = """
+import importlib.util, sys
 
-spec = importlib.util.spec_from_file_location("tuning", sys.argv[3])
+spec = importlib.util.spec_from_file_location("tuning", sys.argv[1])
 tuning = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tuning)
-if sys.argv[1] == "tuned":
+if sys.argv[2] == "tuned":
     tuning.keep_freed_memory()
-libc = ctypes.CDLL(None)
-libc.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p),
-                                ctypes.c_size_t, ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
 
 def resident():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
+"""
+
+
+def run_tuned(script, mode, *args, env=None):
+    """The last number `script` prints, run after TUNED_INTERPRETER in a
+    fresh interpreter (`mode`: "tuned" or "default"; `env`: variables to
+    set, or to unset with None)."""
+    env = {k: v for k, v in {**os.environ, **(env or {})}.items()
+           if v is not None}
+    done = subprocess.run(
+        [sys.executable, "-c", TUNED_INTERPRETER + script,
+         gbrun.tuning.__file__, mode, *args],
+        capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.split()[-1])
+
+
+# Allocate and free 256 MB in the main thread or in another thread (as
+# GraphBolt's prefetch thread does), and print how much of it the process
+# still holds afterwards. One thread per process: in one process the second
+# thread could reuse the block the first one kept, which looks like nothing
+# kept. The block comes from glibc's posix_memalign, as torch's CPU tensors
+# do; without torch and DGL to import, a process takes 0.05 s instead of
+# 2 s.
+KEPT_AFTER_FREE = """
+import ctypes, threading
+
+libc = ctypes.CDLL(None)
+libc.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p),
+                                ctypes.c_size_t, ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
 
 def kept_after_free():
     before = resident()
@@ -52,7 +75,7 @@ def kept_after_free():
     return (resident() - before) >> 20
 
 kept = []
-if sys.argv[2] == "main":
+if sys.argv[3] == "main":
     kept.append(kept_after_free())
 else:
     worker = threading.Thread(target=lambda: kept.append(kept_after_free()))
@@ -64,16 +87,8 @@ print(kept[0])
 
 def kept_after_free(mode):
     """MiB kept after free: (in the main thread, in another thread)."""
-    kept = []
-    for thread in ("main", "thread"):
-        done = subprocess.run(
-            [sys.executable, "-c", KEPT_AFTER_FREE, mode, thread,
-             gbrun.tuning.__file__],
-            capture_output=True, text=True, timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
-        kept.append(int(done.stdout.split()[-1]))
-    return tuple(kept)
+    return tuple(run_tuned(KEPT_AFTER_FREE, mode, thread)
+                 for thread in ("main", "thread"))
 
 
 @pytest.mark.skipif(
@@ -89,21 +104,12 @@ def test_keep_freed_memory_keeps_batch_sized_blocks_in_every_thread():
     assert main_mib >= 200 and thread_mib >= 200, (main_mib, thread_mib)
 
 
-# In a fresh interpreter: bf16 products of 40 new shapes under autocast, as
-# sampled batches give them; prints the MiB the process grew by meanwhile.
+# bf16 products of 40 new shapes under autocast, as sampled batches give
+# them; prints the MiB the process grew by meanwhile.
 GROWTH_OVER_NEW_SHAPES = """
-import importlib.util, sys, torch
+import torch
 
-spec = importlib.util.spec_from_file_location("tuning", sys.argv[2])
-tuning = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(tuning)
-if sys.argv[1] == "tuned":
-    tuning.keep_freed_memory()
 linear = torch.nn.Linear(64, 128)
-
-def resident():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
 
 def step(rows):
     with torch.autocast("cpu", torch.bfloat16):
@@ -119,17 +125,6 @@ print((resident() - before) >> 20)
 """
 
 
-def growth_over_new_shapes(mode, env=None):
-    done = subprocess.run(
-        [sys.executable, "-c", GROWTH_OVER_NEW_SHAPES, mode,
-         gbrun.tuning.__file__],
-        capture_output=True, text=True, timeout=120,
-        env={k: v for k, v in {**os.environ, **(env or {})}.items()
-             if v is not None})
-    assert done.returncode == 0, done.stderr
-    return int(done.stdout.split()[-1])
-
-
 @pytest.mark.skipif(not gbrun.launch.cpu_has_bf16(),
                     reason="no bf16 arithmetic: the example runs no bf16 "
                     "products here")
@@ -138,12 +133,12 @@ def test_keep_freed_memory_keeps_no_bf16_product_of_a_past_shape():
     unset = {gbrun.tuning.ONEDNN_CACHE: None}
     # As oneDNN comes, each new shape's primitive stays, buffers included
     # (measured: 265-280 MiB over these 40 shapes).
-    assert growth_over_new_shapes("default", unset) >= 100
+    assert run_tuned(GROWTH_OVER_NEW_SHAPES, "default", env=unset) >= 100
     # Tuned, nothing of them stays (measured: 5-9 MiB) ...
-    assert growth_over_new_shapes("tuned", unset) <= 50
+    assert run_tuned(GROWTH_OVER_NEW_SHAPES, "tuned", env=unset) <= 50
     # ... unless the environment asks for a cache of its own.
-    assert growth_over_new_shapes(
-        "tuned", {gbrun.tuning.ONEDNN_CACHE: "1024"}) >= 100
+    assert run_tuned(GROWTH_OVER_NEW_SHAPES, "tuned",
+                     env={gbrun.tuning.ONEDNN_CACHE: "1024"}) >= 100
 
 
 @pytest.fixture
