@@ -376,18 +376,26 @@ def spawn(run, plan, args, job):
     # training (during the last epoch's validation or the test).
 
 
+# How a rank that stopped on a signal exits.
+STOP_CODES = {128 + signal.SIGTERM, 128 + signal.SIGINT}
+
+
 def stopped_by_their_own(processes):
-    """The signal every rank stopped on, where one took a signal of its own
+    """The signal the ranks stopped on, where one took a signal of its own
     (a scheduler that signals one process of the job) and the launcher got
-    none: all ranks agreed and exited with 128 + its number. Else 0."""
+    none: the ranks agreed and exited with 128 + its number. A rank exits
+    so only after every rank agreed and the checkpoint was written, so a
+    rank that was still exiting when the others' grace ran out, and was
+    ended by a signal (a negative exit code), stopped too. Else 0."""
     for process in processes:
         process.join()  # join_ranks kills one that would not end
     codes = {process.exitcode for process in processes}
-    signum = codes.pop() - 128 if len(codes) == 1 else 0
-    return signum if signum in (signal.SIGTERM, signal.SIGINT) else 0
+    stops = codes & STOP_CODES
+    if len(stops) != 1 or any(code >= 0 for code in codes - stops):
+        return 0
+    return stops.pop() - 128
 
 
-STOP_CODES = {128 + signal.SIGTERM, 128 + signal.SIGINT}
 # After a rank fails, how long the others have to end on their own (a lost
 # peer makes them fail too, each printing its own cause) before being killed.
 RANK_GRACE_S = 10

@@ -5,6 +5,7 @@ import shutil
 import signal
 import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -359,6 +360,57 @@ def test_a_failed_rank_ends_one_that_takes_sigterm_as_a_stop_request():
     finally:
         for process in context.processes:
             process.kill()
+
+@pytest.mark.parametrize("codes, signum", [
+    ([143, 143], signal.SIGTERM),
+    ([130, 130], signal.SIGINT),
+    # Still exiting when the grace ran out: ended by the launcher (SIGTERM,
+    # a second signal for a rank that had one; SIGKILL after that).
+    ([-signal.SIGTERM, 143], signal.SIGTERM),
+    ([143, -signal.SIGKILL], signal.SIGTERM),
+    # No stop: a failure, or two stops that disagree, or none at all.
+    ([1, 143], 0),
+    ([0, 143], 0),
+    ([130, 143], 0),
+    ([-signal.SIGKILL, -signal.SIGTERM], 0),
+])
+def test_ranks_that_stopped_on_their_own_signal(codes, signum):
+    import gbrun.launch as launch
+
+    processes = [SimpleNamespace(exitcode=code, join=lambda: None)
+                 for code in codes]
+    assert launch.stopped_by_their_own(processes) == signum
+
+
+def _stops_at_once_or_slowly(rank):
+    if rank == 0:
+        sys.exit(128 + signal.SIGTERM)
+    # As a rank that took SIGTERM as its stop request (StopSignal) and is
+    # still tearing down: another SIGTERM ends it by the signal.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    time.sleep(600)
+
+
+@pytest.mark.slow
+def test_a_rank_still_exiting_after_the_grace_is_a_stop_not_a_failure():
+    """Seen in a loaded test run: the other rank's teardown took longer than
+    the grace, join() sent it SIGTERM, and the job said "training failed"
+    (exit 1) although every rank had agreed and the checkpoint was saved."""
+    import torch.multiprocessing as mp
+
+    import gbrun.launch as launch
+
+    context = mp.spawn(_stops_at_once_or_slowly, nprocs=2, join=False)
+    try:
+        with pytest.raises(mp.ProcessExitedException):
+            launch.join_ranks(context, grace_s=1)
+        assert launch.stopped_by_their_own(context.processes) == signal.SIGTERM
+        assert [p.exitcode for p in context.processes] == [143,
+                                                           -signal.SIGTERM]
+    finally:
+        for process in context.processes:
+            process.kill()
+
 
 def rewrite_metadata(dataset, tmp_path, edit):
     copy = str(tmp_path / "edited")
