@@ -15,8 +15,10 @@ count, the function each rank runs) as arguments.
     metrics     torchmetrics across ranks where a rank has no items
     distributed DGL's distributed engine under the example's loop (imported
                 by the distributed trainer only)
-    tuning      CPU allocator and prefetcher settings
-    dropout     nn.Dropout in one pass on CPU ranks (a C kernel built once)
+    tuning      CPU memory (glibc's malloc, oneDNN's cache) and prefetcher
+                settings
+    dropout     nn.Dropout, and ReLU then dropout, in one pass on CPU ranks
+                (a C kernel built once)
     ondisk      the OnDiskDataset writer the dataset scripts share
 """
 import importlib

@@ -555,6 +555,20 @@ def test_partitions_of_other_keys_are_refused(partitions, tmp_path,
 
 # 300 training nodes a trainer: 9 full batches of 32 an epoch.
 STOPPED_ARGS = [*TRAIN_ARGS, "--batch-size", 32, "--epochs", 2]
+# Appended to the stopped run's copy of the example: each batch's features
+# take 0.1 s more, so that epoch 1 lasts about a second on any machine and a
+# SIGTERM sent a few batches into it lands there (at 22 batches a second
+# the job could end first).
+SLOW_BATCHES = """
+import time as _time
+
+_node_features = node_features
+
+
+def node_features(data):
+    _time.sleep(0.1)
+    return _node_features(data)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -567,6 +581,8 @@ def stopped_and_resumed(partitions, tmp_path_factory):
         return None
     out = tmp_path_factory.mktemp("stopped")
     example = edited_copy(out, "cosine", "macro_f1")
+    with open(example, "a") as f:
+        f.write(SLOW_BATCHES)
     common = [*STOPPED_ARGS, "--example", example, "--checkpoint-dir",
               out / "ckpt", "--log-dir", out / "logs"]
     stopped_dir = out / "stopped"
