@@ -1,6 +1,6 @@
 /* Dropout in one pass over a CPU tensor (gbrun/dropout.py builds and loads
    this file). out[i] = in[i] * m[i], m[i] = scale or 0: forward gives the
-   input, backward the output's gradient; with `relu`, out[i] =
+   input, backward the output's gradient; with `with_relu`, out[i] =
    max(in[i], 0) * m[i], ReLU then dropout. Element i is kept when a hash of
    (seed, i) falls below the keep threshold, so the mask depends on the seed
    alone (not on the thread count), and dropout's backward regenerates it
@@ -99,7 +99,7 @@ static void relu_drop_back_bf16(const bf16 *restrict grad,
 
 /* n elements (n <= 2^32) of float32 or bfloat16 from `in` to `out`; keep:
    the keep probability times 2^24; scale: 1 / (1 - p) in the tensor's
-   dtype; relu: ReLU first; threads: of the OpenMP runtime torch runs on
+   dtype; with_relu: ReLU first; threads: of the OpenMP runtime torch runs on
    (dropout.py links this file against it, so that its threads are torch's
    own). */
 void gbrun_dropout(int is_bf16, const void *in, void *out, int64_t n,

@@ -226,15 +226,10 @@ class FusedDropout(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         grad = grad.contiguous()
-        if not ctx.with_relu:
-            return apply_mask(grad, ctx.seed, ctx.p), None, None
-        out = torch.empty_like(grad)
-        (fwd,) = ctx.saved_tensors
-        _load()[0].gbrun_relu_dropout_backward(
-            grad.dtype == torch.bfloat16, grad.data_ptr(), fwd.data_ptr(),
-            out.data_ptr(), grad.numel(), keep_scale(grad.dtype, ctx.p),
-            torch.get_num_threads())
-        return out, None, None
+        if ctx.with_relu:
+            (forward_out,) = ctx.saved_tensors
+            return relu_mask_backward(grad, forward_out, ctx.p), None, None
+        return apply_mask(grad, ctx.seed, ctx.p), None, None
 
 
 def keep_scale(dtype, p):
@@ -250,5 +245,17 @@ def apply_mask(tensor, seed, p, with_relu=False):
         tensor.dtype == torch.bfloat16, tensor.data_ptr(), out.data_ptr(),
         tensor.numel(), seed, round((1 - p) * 2**24),
         keep_scale(tensor.dtype, p), with_relu, torch.get_num_threads(),
+    )
+    return out
+
+
+def relu_mask_backward(grad, forward_out, p):
+    """ReLU then dropout's backward: `grad` scaled by 1 / (1 - p) where the
+    forward's output is above 0, else 0."""
+    out = torch.empty_like(grad)
+    _load()[0].gbrun_relu_dropout_backward(
+        grad.dtype == torch.bfloat16, grad.data_ptr(), forward_out.data_ptr(),
+        out.data_ptr(), grad.numel(), keep_scale(grad.dtype, p),
+        torch.get_num_threads(),
     )
     return out
