@@ -36,15 +36,20 @@ def child_parser(description):
     return parser
 
 
-def create_model(example, dataset, fused_dropout):
-    """The example's model for `dataset`, with its nn.Dropout fused as the
-    example's CPU ranks run it (--fused-dropout)."""
+def create_model(example, dataset, fused_dropout, split_products):
+    """The example's model for `dataset`, as the example's CPU ranks run
+    it: its nn.Dropout fused (--fused-dropout), and in bf16 its products
+    split (gbrun.split_products)."""
     import gbrun
 
     model = example.create_model(
         gbrun.feature_size(dataset, example.FEATURE_KEYS),
         dataset.tasks[0].metadata["num_classes"])
-    return gbrun.fuse_dropout(model) if fused_dropout else model
+    if fused_dropout:
+        gbrun.fuse_dropout(model)
+    if split_products:
+        gbrun.split_products(model)
+    return model
 
 
 def parse_args(argv=None):
@@ -52,7 +57,8 @@ def parse_args(argv=None):
     parser.add_argument("--log-dir", required=True)
     parser.add_argument("--tuned", action="store_true",
                         help="The example's CPU settings: keep_freed_memory, "
-                        "poll_less, its feature reads and fused dropout.")
+                        "poll_less, its feature reads, fused dropout and, "
+                        "in bf16, split products.")
     return parser.parse_args(argv)
 
 
@@ -87,7 +93,7 @@ def main(argv=None):
     # As upstream's example: copy_to makes the DataLoader prefetch batches
     # in a background thread.
     dataloader = gb.DataLoader(datapipe.copy_to("cpu"), num_workers=0)
-    model = create_model(example, dataset, args.tuned)
+    model = create_model(example, dataset, args.tuned, args.tuned and bf16)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
     os.makedirs(args.log_dir, exist_ok=True)
     for epoch in range(EPOCHS):

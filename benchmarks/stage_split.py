@@ -4,7 +4,8 @@ measured one after the other on the same batches. Sampling is the seeds'
 sample_neighbor; fetching is the input nodes' features read by GraphBolt's
 store as it comes and by the example's (place_dataset, CPU storage);
 compute is the example's model's forward, backward and Adam step (with
-its dropout fused, as on the example's CPU ranks, or torch's). Prints
+its dropout fused, as on the example's CPU ranks, or torch's; in bf16 its
+products split, as there). Prints
 one JSON line.
 
     python benchmarks/stage_split.py --dataset /tmp/perf200k --fanout 10,10,10
@@ -51,7 +52,7 @@ def main(argv=None):
                               shuffle=True, drop_last=True)
     batches = iter(gb.DataLoader(datapipe.sample_neighbor(dataset.graph,
                                                           args.fanout)))
-    model = create_model(example, dataset, args.fused_dropout)
+    model = create_model(example, dataset, args.fused_dropout, bf16)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
     times = {"sample": [], "fetch_graphbolt": [], "fetch": [], "compute": []}
     input_nodes = []

@@ -19,6 +19,7 @@ count, the function each rank runs) as arguments.
                 settings
     dropout     nn.Dropout, and ReLU then dropout, in one pass on CPU ranks
                 (a C kernel built once)
+    products    nn.Linear's bf16 products on CPU ranks in shapes that recur
     ondisk      the OnDiskDataset writer the dataset scripts share
 """
 import importlib
@@ -50,6 +51,7 @@ _NAMES = {
     "stop": ["StopSignal"],
     "tuning": ["keep_freed_memory", "poll_less"],
     "dropout": ["fuse_dropout"],
+    "products": ["split_products"],
 }
 _MODULE_OF = {name: module for module, names in _NAMES.items()
               for name in names}

@@ -57,7 +57,8 @@ def _autocast_run(rank, dataset_dir, log_dir):
     """The example's run() as the only rank, with bf16 features and autocast
     as on a CPU with bfloat16 instructions (2 batches per pass); records
     each forward pass of the model (training or not, input and output
-    dtypes) and the dtype of a parameter's gradients."""
+    dtypes), the dtype of a parameter's gradients and the classes of its
+    linear layers."""
     import json
 
     args = nc.parse_args(
@@ -69,7 +70,7 @@ def _autocast_run(rank, dataset_dir, log_dir):
     machine = launch.Machine(False, False, 0, 1, cpu_bf16=True)
     plan = launch.plan_run(args, {}, machine)
     job = nc.load_job(args, 1)
-    forwards, grads, create_model = [], set(), nc.create_model
+    forwards, grads, models, create_model = [], set(), [], nc.create_model
 
     def recorded_model(*sizes):
         model = create_model(*sizes)
@@ -77,6 +78,7 @@ def _autocast_run(rank, dataset_dir, log_dir):
             forwards.append((module.training, inputs[1].dtype, output.dtype))))
         next(model.parameters()).register_hook(
             lambda grad: grads.add(grad.dtype))
+        models.append(model)
         return model
 
     nc.create_model = recorded_model
@@ -85,14 +87,16 @@ def _autocast_run(rank, dataset_dir, log_dir):
            gbrun.stop.StopSignal(torch.device("cpu"), None))
     records = [json.loads(line)
                for line in open(f"{log_dir}/{gbrun.METRICS_FILE}")]
-    return plan.autocast, forwards, grads, records
+    linears = {type(module) for module in models[0].modules()
+               if isinstance(module, torch.nn.Linear)}
+    return plan.autocast, forwards, grads, records, linears
 
 
 @pytest.mark.slow
 def test_autocast_runs_the_model_in_bf16_with_fp32_gradients(
     small_dataset, tmp_path
 ):
-    [(autocast, forwards, grads, records)] = run_gloo_group(
+    [(autocast, forwards, grads, records, linears)] = run_gloo_group(
         _autocast_run, 1, tmp_path, small_dataset, str(tmp_path)
     )
     assert autocast
@@ -102,3 +106,5 @@ def test_autocast_runs_the_model_in_bf16_with_fp32_gradients(
         [(False, torch.bfloat16, torch.bfloat16)] * 4), forwards
     assert grads == {torch.float32}
     assert 0 < records[0]["loss"] < 10 and "test_accuracy" in records[1]
+    # Its products split into recurring shapes (gbrun.split_products).
+    assert linears == {gbrun.products.Linear}
