@@ -341,7 +341,7 @@ def run(rank, plan, args, job, stop):
     if plan.fused_dropout:
         # CPU ranks: dropout, and ReLU then dropout, in one pass.
         gbrun.fuse_dropout(model)
-    if plan.autocast and device.type == "cpu":
+    if plan.split_products:
         # bf16 on CPU ranks: nn.Linear's products in shapes that recur.
         gbrun.split_products(model)
     optimizer, scheduler = create_optimizer(model, args)

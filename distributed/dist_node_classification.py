@@ -112,7 +112,7 @@ def run(args, example, plan, job, graph_name):
     model = example.create_model(job.in_size, job.num_classes).to(device)
     if plan.fused_dropout:
         gbrun.fuse_dropout(model)  # as the example's run()
-    if plan.autocast and device.type == "cpu":
+    if plan.split_products:
         gbrun.split_products(model)
     optimizer, scheduler = example.create_optimizer(model, args)
     state = gbrun.RunState(

@@ -54,6 +54,7 @@ class Plan:
     threads: int
     autocast: bool  # bf16 autocast in the forward pass
     fused_dropout: bool  # the model's nn.Dropout as gbrun's one-pass kernel
+    split_products: bool  # bf16 on CPU ranks: gbrun.split_products(model)
     rank_env: dict  # environment for spawned ranks
     notices: list  # lines to print before training
     load_timeout: datetime.timedelta = LOAD_TIMEOUT
@@ -224,6 +225,8 @@ def plan_run(args, env=os.environ, machine=None, distributed=False):
         threads=threads,
         autocast=autocast,
         fused_dropout=fused_dropout,
+        # oneDNN builds each new bf16 product shape; fp32 goes to MKL.
+        split_products=autocast and train_device == "cpu",
         rank_env=rank_env,
         notices=notices,
     )

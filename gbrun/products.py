@@ -75,6 +75,17 @@ def _padded(x, start, size):
     return part
 
 
+def _by_rows(a, b, bias, bulk, a_tail):
+    """a @ b (+ bias): the first `bulk` rows of `a` as they are, the rest
+    from `a_tail`, their zero-padded copy (None if there is no rest)."""
+    out = a.new_empty(a.shape[0], b.shape[1])
+    if bulk:
+        _product(a[:bulk], b, bias, out=out[:bulk])
+    if a_tail is not None:
+        out[bulk:] = _product(a_tail, b, bias)[:a.shape[0] - bulk]
+    return out
+
+
 class SplitLinear(torch.autograd.Function):
     """F.linear(x, weight, bias) for 2-D x, as a product over the first
     `bulk` rows of x and one over the rest, padded to one grain."""
@@ -84,13 +95,8 @@ class SplitLinear(torch.autograd.Function):
         rows = x.shape[0]
         step = grain(rows)
         bulk = rows - rows % step
-        y = x.new_empty(rows, weight.shape[0])
-        if bulk:
-            _product(x[:bulk], weight.t(), bias, out=y[:bulk])
-        tail = None
-        if bulk < rows:
-            tail = _padded(x, bulk, step)
-            y[bulk:] = _product(tail, weight.t(), bias)[:rows - bulk]
+        tail = _padded(x, bulk, step) if bulk < rows else None
+        y = _by_rows(x, weight.t(), bias, bulk, tail)
         ctx.save_for_backward(x, weight, tail)
         ctx.bulk, ctx.step = bulk, step
         return y
@@ -102,18 +108,14 @@ class SplitLinear(torch.autograd.Function):
         grad_tail = _padded(grad_y, bulk, ctx.step) if bulk < rows else None
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_x = x.new_empty(x.shape)
-            if bulk:
-                torch.mm(grad_y[:bulk], weight, out=grad_x[:bulk])
-            if grad_tail is not None:
-                grad_x[bulk:] = torch.mm(grad_tail, weight)[:rows - bulk]
+            grad_x = _by_rows(grad_y, weight, None, bulk, grad_tail)
         if ctx.needs_input_grad[1]:
-            parts = [(grad_y[:bulk], x[:bulk])] if bulk else []
-            if grad_tail is not None:
-                parts.append((grad_tail, tail))
-            grad_weight = torch.mm(parts[0][0].t(), parts[0][1])
-            for g, part in parts[1:]:
-                grad_weight.addmm_(g.t(), part)
+            if not bulk:
+                grad_weight = torch.mm(grad_tail.t(), tail)
+            else:
+                grad_weight = torch.mm(grad_y[:bulk].t(), x[:bulk])
+                if grad_tail is not None:
+                    grad_weight.addmm_(grad_tail.t(), tail)
         if ctx.needs_input_grad[2]:
             grad_bias = grad_y.sum(0)
         return grad_x, grad_weight, grad_bias

@@ -89,17 +89,17 @@ def _autocast_run(rank, dataset_dir, log_dir):
                for line in open(f"{log_dir}/{gbrun.METRICS_FILE}")]
     linears = {type(module) for module in models[0].modules()
                if isinstance(module, torch.nn.Linear)}
-    return plan.autocast, forwards, grads, records, linears
+    return plan, forwards, grads, records, linears
 
 
 @pytest.mark.slow
 def test_autocast_runs_the_model_in_bf16_with_fp32_gradients(
     small_dataset, tmp_path
 ):
-    [(autocast, forwards, grads, records, linears)] = run_gloo_group(
+    [(plan, forwards, grads, records, linears)] = run_gloo_group(
         _autocast_run, 1, tmp_path, small_dataset, str(tmp_path)
     )
-    assert autocast
+    assert plan.autocast and plan.split_products
     # 2 training steps, then 2 batches each of validation and test, every
     # one on bf16 features computing in bf16.
     assert forwards == [(True, torch.bfloat16, torch.bfloat16)] * 2 + (

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import gbrun
+import gbrun.launch as launch
 from gbrun.products import MIN_GRAIN, SplitLinear, grain
 
 import node_classification as nc
@@ -122,3 +123,19 @@ def test_the_model_looks_the_same_with_the_same_parameters():
     assert all(torch.equal(state[k], v) for k, v in before[1].items())
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     assert linears and all(type(m) is gbrun.products.Linear for m in linears)
+
+
+@pytest.mark.parametrize("mode, precision, cpu_bf16, split", [
+    ("cpu-cpu", "bf16", True, True),
+    ("cpu-cpu", "bf16", False, False),  # bf16 storage, fp32 products
+    ("cpu-cpu", "fp32", True, False),  # fp32 products go to MKL
+    ("cpu-cuda", "bf16", True, False),  # GPUs build no primitives per shape
+])
+def test_the_plan_splits_products_where_cpu_ranks_compute_bf16(
+        mode, precision, cpu_bf16, split):
+    cuda = mode != "cpu-cpu"
+    machine = launch.Machine(cuda, cuda, 2 if cuda else 0, 2,
+                             cpu_bf16=cpu_bf16)
+    args = nc.parse_args(["--mode", mode, "--gpu", "0",
+                          "--precision", precision])
+    assert launch.plan_run(args, {}, machine).split_products is split
