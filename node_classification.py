@@ -338,12 +338,9 @@ def run(rank, plan, args, job, stop):
     if job.seed is not None:
         torch.manual_seed(job.seed)
     model = create_model(job.in_size, job.num_classes).to(device)
-    if plan.fused_dropout:
-        # CPU ranks: dropout, and ReLU then dropout, in one pass.
-        gbrun.fuse_dropout(model)
-    if plan.split_products:
-        # bf16 on CPU ranks: nn.Linear's products in shapes that recur.
-        gbrun.split_products(model)
+    # CPU ranks: dropout, and ReLU then dropout, in one pass; in bf16,
+    # nn.Linear's products in shapes that recur.
+    gbrun.tune_model(model, plan)
     optimizer, scheduler = create_optimizer(model, args)
     # Restores the states of a resumed run; saves them from now on.
     state = gbrun.RunState(

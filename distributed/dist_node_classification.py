@@ -110,10 +110,7 @@ def run(args, example, plan, job, graph_name):
     if job.seed is not None:
         torch.manual_seed(job.seed)
     model = example.create_model(job.in_size, job.num_classes).to(device)
-    if plan.fused_dropout:
-        gbrun.fuse_dropout(model)  # as the example's run()
-    if plan.split_products:
-        gbrun.split_products(model)
+    gbrun.tune_model(model, plan)  # as the example's run()
     optimizer, scheduler = example.create_optimizer(model, args)
     state = gbrun.RunState(
         rank, args, job, stop, device, plan.autocast,

@@ -4,7 +4,8 @@ receives what is model- or data-specific (keys, the resume key, the layer
 count, the function each rank runs) as arguments.
 
     cli         the one-line error for bad input, argument types
-    launch      the device plan, mp.spawn and torchrun, a rank's lifecycle
+    launch      the device plan (and the model as CPU ranks run it), mp.spawn
+                and torchrun, a rank's lifecycle
     stop        SIGTERM/SIGINT: every rank stops at one step, resumably
     data        dataset loading and checks
     placement   where --mode puts the graph and features, the GPU cache
@@ -47,7 +48,7 @@ _NAMES = {
     "batches": ["synchronized_time"],
     "metrics": ["gather_all_tensors"],
     "launch": ["MODES", "barrier", "launch_ranks", "load_job_in_turn",
-               "plan_run"],
+               "plan_run", "tune_model"],
     "stop": ["StopSignal"],
     "tuning": ["keep_freed_memory", "poll_less"],
     "dropout": ["fuse_dropout"],

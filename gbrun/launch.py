@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.reductions import ForkingPickler
 
-from . import dropout
+from . import dropout, products
 from .cli import UsageError, fail, is_first_process
 from .graphbolt import INSTALL_CUDA_DGL
 from .stop import StopSignal, relay_stop_signals
@@ -304,6 +304,18 @@ def parse_gpu_list(text):
             f"--gpu '{text}': ids must be distinct and non-negative"
         )
     return ids
+
+
+def tune_model(model, plan):
+    """`model`, in place, as CPU ranks run it where `plan` says so: its
+    nn.Dropout (and ReLU then dropout) in one pass, and in bf16 its
+    nn.Linear's products in shapes that recur. Parameters, repr and
+    state_dict stay the same. Returns `model`."""
+    if plan.fused_dropout:
+        dropout.fuse_dropout(model)
+    if plan.split_products:
+        products.split_products(model)
+    return model
 
 
 def launch_ranks(run, args, load_job, plan=None):

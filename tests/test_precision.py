@@ -57,8 +57,8 @@ def _autocast_run(rank, dataset_dir, log_dir):
     """The example's run() as the only rank, with bf16 features and autocast
     as on a CPU with bfloat16 instructions (2 batches per pass); records
     each forward pass of the model (training or not, input and output
-    dtypes), the dtype of a parameter's gradients and the classes of its
-    linear layers."""
+    dtypes), the dtype of a parameter's gradients, and the classes of its
+    linear layers and of its ReLU then dropout."""
     import json
 
     args = nc.parse_args(
@@ -89,22 +89,27 @@ def _autocast_run(rank, dataset_dir, log_dir):
                for line in open(f"{log_dir}/{gbrun.METRICS_FILE}")]
     linears = {type(module) for module in models[0].modules()
                if isinstance(module, torch.nn.Linear)}
-    return plan, forwards, grads, records, linears
+    relu_dropouts = {type(module) for module in models[0].modules()
+                     if isinstance(module, gbrun.dropout.ReLUDropout)
+                     or gbrun.dropout.is_relu_then_dropout(module)}
+    return plan, forwards, grads, records, linears, relu_dropouts
 
 
 @pytest.mark.slow
 def test_autocast_runs_the_model_in_bf16_with_fp32_gradients(
     small_dataset, tmp_path
 ):
-    [(plan, forwards, grads, records, linears)] = run_gloo_group(
+    [(plan, forwards, grads, records, linears, relu_dropouts)] = run_gloo_group(
         _autocast_run, 1, tmp_path, small_dataset, str(tmp_path)
     )
-    assert plan.autocast and plan.split_products
+    assert plan.autocast and plan.split_products and plan.fused_dropout
     # 2 training steps, then 2 batches each of validation and test, every
     # one on bf16 features computing in bf16.
     assert forwards == [(True, torch.bfloat16, torch.bfloat16)] * 2 + (
         [(False, torch.bfloat16, torch.bfloat16)] * 4), forwards
     assert grads == {torch.float32}
     assert 0 < records[0]["loss"] < 10 and "test_accuracy" in records[1]
-    # Its products split into recurring shapes (gbrun.split_products).
+    # Its products split into recurring shapes (gbrun.split_products), and
+    # its ReLU then dropout in one pass (gbrun.fuse_dropout).
     assert linears == {gbrun.products.Linear}
+    assert relu_dropouts == {gbrun.dropout.ReLUDropout}
