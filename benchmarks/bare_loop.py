@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+import types
 
 from gbrun.cli import ArgumentParser, fanout_list, int_at_least, python_file
 
@@ -38,18 +39,16 @@ def child_parser(description):
 
 def create_model(example, dataset, fused_dropout, split_products):
     """The example's model for `dataset`, as the example's CPU ranks run
-    it: its nn.Dropout fused (--fused-dropout), and in bf16 its products
-    split (gbrun.split_products)."""
+    it (gbrun.tune_model): its nn.Dropout fused (--fused-dropout), and in
+    bf16 its products split (gbrun.split_products)."""
     import gbrun
 
     model = example.create_model(
         gbrun.feature_size(dataset, example.FEATURE_KEYS),
         dataset.tasks[0].metadata["num_classes"])
-    if fused_dropout:
-        gbrun.fuse_dropout(model)
-    if split_products:
-        gbrun.split_products(model)
-    return model
+    # The two fields of the example's plan that tune_model reads.
+    return gbrun.tune_model(model, types.SimpleNamespace(
+        fused_dropout=fused_dropout, split_products=split_products))
 
 
 def parse_args(argv=None):
