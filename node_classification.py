@@ -43,9 +43,13 @@ main
       └───> Test set evaluation
 """
 import argparse
+import time
 
-import gbrun
-from gbrun.graphbolt import gb  # first: one line if GraphBolt cannot load
+from gbrun.graphbolt import gb, graphbolt_options  # first: one line if
+# GraphBolt cannot load
+from gbrun import checkpoint, cli, datasets, launch, placement, tuning
+from gbrun.distributed import Partitions
+from gbrun.progress import Progress
 
 import dgl.nn as dglnn
 import torch
@@ -116,9 +120,9 @@ def resume_key(model, optimizer, scheduler, args, fanout):
             "repr": repr(model),
             "shapes": {k: list(v.shape) for k, v in model.state_dict().items()},
         },
-        "optimizer": gbrun.settings(optimizer),
-        "scheduler": gbrun.settings(scheduler),
-        "dataset": gbrun.dataset_identity(args.dataset),
+        "optimizer": checkpoint.hyperparameters(optimizer),
+        "scheduler": checkpoint.hyperparameters(scheduler),
+        "dataset": datasets.dataset_identity(args.dataset),
         "fanout": fanout,
         "precision": args.precision,
     }
@@ -133,6 +137,12 @@ def node_features(data):
 
 def create_dataloader(graph, features, itemset, device, storage, is_train, args,
                       fanout):
+    if isinstance(graph, Partitions):
+        # DGL's distributed engine (distributed/): DGL's own loader of this
+        # trainer's nodes, with batches in GraphBolt's shape. The trainer
+        # refuses a copy whose GraphBolt pipeline below is edited.
+        return graph.dataloader(itemset, is_train, args.batch_size, fanout,
+                                FEATURE_KEYS, LABEL_KEY, device)
     ############################################################################
     # (HIGHLIGHT) Get a GraphBolt dataloader for node classification with
     # multi-process distributed training. DistributedItemSampler instead of
@@ -149,7 +159,7 @@ def create_dataloader(graph, features, itemset, device, storage, is_train, args,
         drop_uneven_inputs=is_train,
     )
     # Options that differ between GraphBolt releases, found by signature.
-    options = gbrun.graphbolt_options(device, storage)
+    options = graphbolt_options(device, storage)
     datapipe = item_sampler
     # With the graph on the GPU (pinned or device memory) sampling runs
     # there, so the seeds move first.
@@ -185,19 +195,19 @@ def weighted_reduce(tensor, weight, dst=0):
 
 
 @torch.no_grad()
-def evaluate(model, dataloader, num_classes, state, name):
+def evaluate(model, dataloader, num_classes, device):
     """The metric over every item of `dataloader`, exact across ranks (on
     rank 0). Counting correct predictions (in int64: exact at any size),
     instead of concatenating them, works when a rank receives no items."""
     model.eval()
-    num_correct = torch.tensor(0, device=state.device)
+    num_correct = torch.tensor(0, device=device)
     num_items = 0
-    for data in state.batches(dataloader, name):
+    for data in dataloader:
         x = node_features(data)
-        with torch.autocast(state.device.type, torch.bfloat16,
-                            enabled=state.autocast):
+        with torch.autocast(device.type, torch.bfloat16,
+                            enabled=x.dtype == torch.bfloat16):
             # Call the wrapped module: no DDP hooks, no collectives.
-            y_hat = model.module(data.blocks, x if state.autocast else x.float())
+            y_hat = model.module(data.blocks, x)
         y = data.labels
         num_correct += (y_hat.argmax(dim=1) == y).sum()
         num_items += y.size(0)
@@ -205,20 +215,26 @@ def evaluate(model, dataloader, num_classes, state, name):
 
 
 def train(rank, args, model, optimizer, scheduler, train_loader, valid_loader,
-          state):
-    """Trains from where `state` starts; returns 0, or the signal that
-    stopped training (a resumable checkpoint is then saved). Values of your
-    own that must survive a stop and --resume (the best metric so far,
-    early-stopping patience) go in the dict `state.kept`: each checkpoint
-    saves rank 0's, and --resume gives it back to every rank."""
-    num_classes, device = state.job.num_classes, state.device
-    for epoch in state.epochs():
-        epoch_start = gbrun.synchronized_time(device)
+          num_classes, device, progress):
+    """Trains the epochs that `progress` has left (all of them, or those of
+    a resumed run, from the step where it stopped).
+
+    Change freely: the step (forward pass, loss, backward, optimizer, a
+    scheduler stepped per batch), what is validated and what is printed.
+    Exact resume and SIGTERM need the lines that name `progress` or
+    `batches`, and each refuses loudly if dropped or misplaced: the epochs
+    come from progress.epochs(), the batches are iterated inside Join and
+    to the end, batches.add() runs once a step, and rank 0 calls
+    progress.save_epoch() after the epoch's last change of the optimizer,
+    the schedule or progress.kept. Values of your own that must survive a
+    stop and --resume (the best metric so far, early-stopping patience) go
+    in the dict `progress.kept`: each checkpoint saves rank 0's, and
+    --resume gives it back to every rank. A stop signal (SIGTERM, Ctrl-C)
+    ends training on every rank at one step, with a checkpoint, by raising
+    gbrun.stop.Stopped out of the Join block."""
+    for epoch, batches in progress.epochs(train_loader):
+        epoch_start = time.time()
         model.train()
-        # Zero, or the sums of a run that stopped inside this epoch.
-        total_loss, num_train_items = state.sums_so_far(epoch)
-        items_before = num_train_items
-        batches = state.batches(train_loader, f"train {epoch}", epoch)
         ########################################################################
         # (HIGHLIGHT) Use Join Context Manager to solve uneven input problem.
         #
@@ -228,7 +244,7 @@ def train(rank, args, model, optimizer, scheduler, train_loader, valid_loader,
         # samplers that do not. See
         # https://pytorch.org/tutorials/advanced/generic_join.html
         ########################################################################
-        with Join([model, state.stop]):
+        with Join([model, batches]):
             for data in batches:
                 # The input features are from the source nodes in the first
                 # layer's computation graph.
@@ -238,11 +254,12 @@ def train(rank, args, model, optimizer, scheduler, train_loader, valid_loader,
                 # in the last layer's computation graph.
                 y = data.labels
 
-                # --precision bf16 stores features in bf16; the forward pass
-                # runs in bf16 where the device computes it (state.autocast).
+                # --precision bf16 stores features in bf16; they arrive in
+                # bf16 where the device computes it, and the forward pass
+                # then runs under autocast.
                 with torch.autocast(device.type, torch.bfloat16,
-                                    enabled=state.autocast):
-                    y_hat = model(data.blocks, x if state.autocast else x.float())
+                                    enabled=x.dtype == torch.bfloat16):
+                    y_hat = model(data.blocks, x)
 
                 # The loss in fp32, whatever the forward pass computed in.
                 loss = F.cross_entropy(y_hat.float(), y)
@@ -251,66 +268,42 @@ def train(rank, args, model, optimizer, scheduler, train_loader, valid_loader,
                 loss.backward()
                 optimizer.step()
 
-                total_loss += loss.detach() * y.size(0)
-                num_train_items += y.size(0)
-                # SIGTERM or SIGINT on any rank: every rank stops here.
-                if state.stop.agreed():
-                    break
-        if state.stop.signum:
-            return state.save_stop(
-                epoch, batches.step, total_loss, num_train_items
-            )
-        train_time = gbrun.synchronized_time(device) - epoch_start
+                # This rank's loss sum for the epoch (kept by a stop).
+                batches.add(loss, y.size(0))
 
         if rank == 0:
             print("Validating...")
-        metric = evaluate(
-            model, valid_loader, num_classes, state, f"validate {epoch}"
-        )
+        metric = evaluate(model, valid_loader, num_classes, device)
+        # The epoch's sums, with those of the steps a stopped run trained.
+        total_loss, num_train_items = batches.totals()
         total_loss = weighted_reduce(total_loss, num_train_items)
         if scheduler is not None:
             scheduler.step()
 
-        epoch_time = gbrun.synchronized_time(device) - epoch_start
-        # Every rank trains the same number of items (the sampler drops
-        # uneven batches); a resumed epoch counts only what it trained.
-        world_size = dist.get_world_size()
-        seeds_per_second = (
-            (num_train_items - items_before) * world_size / train_time
-        )
+        epoch_time = time.time() - epoch_start
         if rank == 0:
             # The checkpoint and metrics line first: an epoch line on the
             # screen means its checkpoint is on disk.
-            state.save_epoch(epoch, {
+            progress.save_epoch({
                 "epoch": epoch,
                 "loss": total_loss.item(),
                 "metric": METRIC,
                 f"val_{METRIC.lower()}": metric.item(),
                 "epoch_time": epoch_time,
-                "train_time": train_time,
-                "seeds_per_second": seeds_per_second,
-                "data_wait": batches.data_wait,
-                "ranks": world_size,
             })
             print(
                 f"Epoch {epoch:05d} | "
                 f"Average Loss {total_loss.item():.4f} | "
                 f"{METRIC} {metric.item():.4f} | "
                 f"Time {epoch_time:.4f} | "
-                f"Train Time {train_time:.4f} | "
-                f"Seeds/s {seeds_per_second:.1f} | "
-                f"Data Wait {batches.data_wait:.4f}",
+                f"{batches.speed}",  # Train Time, Seeds/s and Data Wait
                 flush=True,
             )
-        if state.stopped_after(epoch):
-            return state.stop.signum
-    return 0
 
 
-def run(rank, plan, args, job, stop):
+def run(rank, plan, args, job):
     """One training process (rank) from start to end. `job` is what the
-    parent loaded once for every rank, or None under torchrun. Returns 0, or
-    the signal that stopped training."""
+    parent loaded once for every rank, or None under torchrun."""
     ############################################################################
     # (HIGHLIGHT) Init process group; the rank's device comes from the plan.
     ############################################################################
@@ -326,30 +319,28 @@ def run(rank, plan, args, job, stop):
     )
     if job is None:
         # torchrun: no parent loaded the dataset; the ranks load it in turn.
-        job = gbrun.load_job_in_turn(rank, plan, load_job, args)
-    # Once the data is loaded, in each rank however it was launched.
-    gbrun.keep_freed_memory()
-    gbrun.poll_less()
-    graph, features = gbrun.place_dataset(
-        job.dataset, plan.storage, device, args.gpu_cache_size, FEATURE_KEYS
+        job = launch.load_job_in_turn(rank, plan, load_job, args)
+    # The graph and features where --mode puts them, and the item sets (on
+    # DGL's distributed engine: a DistGraph, this trainer's node_split).
+    graph, features, item_sets = placement.place_dataset(
+        job, plan.storage, device, args.gpu_cache_size, FEATURE_KEYS
     )
 
     # DDP keeps one replica of the model per rank in sync.
-    if job.seed is not None:
-        torch.manual_seed(job.seed)
+    if job.start.seed is not None:
+        torch.manual_seed(job.start.seed)
     model = create_model(job.in_size, job.num_classes).to(device)
-    # CPU ranks: dropout, and ReLU then dropout, in one pass; in bf16,
-    # nn.Linear's products in shapes that recur.
-    gbrun.tune_model(model, plan)
+    # Memory and loader settings; on CPU ranks, dropout (and ReLU then
+    # dropout) in one pass and, in bf16, nn.Linear's products in shapes
+    # that recur.
+    tuning.tune_rank(model, plan)
     optimizer, scheduler = create_optimizer(model, args)
-    # Restores the states of a resumed run; saves them from now on.
-    state = gbrun.RunState(
-        rank, args, job, stop, device, plan.autocast,
-        {"model": model, "optimizer": optimizer, "scheduler": scheduler},
-    )
-    model = DDP(model)
+    # Restores what a resumed run saved; saves it from now on.
+    progress = Progress(plan, job.start, model=model, optimizer=optimizer,
+                        scheduler=scheduler)
+    model = DDP(model, device_ids=[device] if device.type == "cuda" else None)
 
-    train_set, valid_set, test_set = job.item_sets
+    train_set, valid_set, test_set = item_sets
 
     def dataloader(itemset, is_train):
         return create_dataloader(
@@ -358,58 +349,51 @@ def run(rank, plan, args, job, stop):
         )
 
     train_loader = dataloader(train_set, is_train=True)
-    valid_loader = dataloader(valid_set, is_train=False)
-    test_loader = dataloader(test_set, is_train=False)
+    # Each evaluation pass at most --max-batches long, shown on rank 0.
+    valid_loader = progress.evaluation(dataloader(valid_set, False), "validate")
+    test_loader = progress.evaluation(dataloader(test_set, False), "test")
 
     if rank == 0:
         print("Training...")
-    stopped_by = train(
+    train(
         rank, args, model, optimizer, scheduler, train_loader, valid_loader,
-        state,
+        job.num_classes, device, progress,
     )
-    if stopped_by:
-        return stopped_by
 
     if rank == 0:
         print("Testing...")
-    metric = evaluate(model, test_loader, job.num_classes, state, "test")
+    metric = evaluate(model, test_loader, job.num_classes, device)
     if rank == 0:
         print(f"Test {METRIC} {metric.item():.4f}", flush=True)
-        state.save_result({
-            "metric": METRIC,
-            f"test_{METRIC.lower()}": metric.item(),
-            "ranks": plan.world_size,
+        progress.save_final({
+            "metric": METRIC, f"test_{METRIC.lower()}": metric.item(),
         })
-    # Rank 0 hosts the rendezvous store: nobody leaves before all are done.
-    gbrun.barrier(device)
-    return 0
 
 
-def load_job(args, world_size):
-    """Loads and checks, once, what every rank needs (see gbrun.Job): bad
-    input is refused here, before any rank trains."""
-    dataset = gbrun.load_dataset(args.dataset, args.data_root)
-    item_sets = gbrun.check_dataset(
+def load_job(args, plan):
+    """Loads and checks, once, what every rank needs (a gbrun.launch.Job):
+    bad input is refused here, before any rank trains."""
+    dataset = datasets.load_dataset(args.dataset, args.data_root)
+    item_sets = datasets.check_dataset(
         dataset, args.dataset, FEATURE_KEYS, LABEL_KEY, LABELS
     )
-    gbrun.check_train_split(len(item_sets[0]), args.batch_size, world_size)
+    datasets.check_train_split(
+        len(item_sets[0]), args.batch_size, plan.world_size
+    )
     if args.precision == "bf16":
-        gbrun.store_in_bf16(dataset, FEATURE_KEYS)
-    in_size = gbrun.feature_size(dataset, FEATURE_KEYS)
+        datasets.store_in_bf16(dataset, FEATURE_KEYS)
+    in_size = datasets.feature_size(dataset, FEATURE_KEYS)
     num_classes = dataset.tasks[0].metadata["num_classes"]
     # Built here once to size the fanout and key the checkpoint.
     model = create_model(in_size, num_classes)
-    fanout = gbrun.check_fanout(args.fanout, len(model.layers))
-    config = resume_key(model, *create_optimizer(model, args), args, fanout)
-    checkpoint, seed = gbrun.open_checkpoint(args, config, world_size)
-    return gbrun.Job(
-        dataset, item_sets, in_size, num_classes, fanout, config, checkpoint,
-        seed,
-    )
+    fanout = cli.check_fanout(args.fanout, len(model.layers))
+    key = resume_key(model, *create_optimizer(model, args), args, fanout)
+    start = checkpoint.start_or_resume(args, key, plan, args.epochs)
+    return launch.Job(dataset, item_sets, in_size, num_classes, fanout, start)
 
 
 def parse_args(argv=None):
-    parser = gbrun.ArgumentParser(
+    parser = cli.ArgumentParser(
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Multi-GPU (or multi-process CPU) training of a GraphSAGE "
         "model for node classification using the GraphBolt dataloader.",
@@ -422,97 +406,40 @@ def parse_args(argv=None):
         " e.g., 0,1,2,3. In cpu-cpu mode each entry is one CPU process.",
     )
     parser.add_argument(
-        "--epochs", type=gbrun.int_at_least(1), default=10,
+        "--epochs", type=cli.int_at_least(1), default=10,
         help="Number of training epochs.",
     )
     parser.add_argument(
-        "--lr", type=gbrun.positive_float, default=0.001,
+        "--lr", type=cli.positive_float, default=0.001,
         help="Learning rate for optimization.",
     )
     parser.add_argument(
-        "--batch-size", type=gbrun.int_at_least(1), default=1024,
+        "--batch-size", type=cli.int_at_least(1), default=1024,
         help="Batch size (per rank) for training.",
     )
     parser.add_argument(
-        "--fanout", type=gbrun.fanout_list, default=None,
+        "--fanout", type=cli.fanout_list, default=None,
         help="Fan-out of neighbor sampling, one value per layer of the model;"
         " -1 takes all neighbors. Default: 10 per layer.",
     )
     parser.add_argument(
-        "--num-workers", type=gbrun.int_at_least(0), default=0,
+        "--num-workers", type=cli.int_at_least(0), default=0,
         help="The number of data loading worker processes per rank (only"
         " where sampling runs on the CPU).",
     )
     parser.add_argument(
-        "--gpu-cache-size", type=gbrun.int_at_least(0), default=0,
-        help="The capacity of the GPU feature cache in bytes (pinned-cuda).",
-    )
-    parser.add_argument(
         "--dataset", type=str, default="ogbn-products",
         help="A builtin GraphBolt dataset ("
-        + ", ".join(gbrun.BUILTIN_DATASETS)
+        + ", ".join(datasets.BUILTIN_DATASETS)
         + ") or the path of an OnDiskDataset directory (with metadata.yaml).",
     )
     parser.add_argument(
         "--data-root", type=str, default="datasets",
         help="Where builtin datasets are downloaded to.",
     )
-    parser.add_argument(
-        "--mode", default="auto", choices=gbrun.MODES,
-        help="Dataset storage placement and train device: 'cpu' for CPU and"
-        " RAM, 'pinned' for pinned memory in RAM, 'cuda' for GPU and GPU"
-        " memory. 'auto' is pinned-cuda when torch and DGL have CUDA,"
-        " otherwise cpu-cpu.",
-    )
-    parser.add_argument(
-        "--precision", default="fp32", choices=["fp32", "bf16"],
-        help="bf16: node features stored in bfloat16 (half the memory and"
-        " the bytes each batch gathers) and the forward pass under autocast;"
-        " parameters, optimizer, loss and metrics stay fp32.",
-    )
-    parser.add_argument(
-        "--fused-dropout", action=argparse.BooleanOptionalAction, default=True,
-        help="On CPU ranks, run the model's nn.Dropout layers as one pass with"
-        " a hashed random mask (a C kernel built once with cc);"
-        " --no-fused-dropout keeps torch's.",
-    )
-    parser.add_argument(
-        "--threads", type=gbrun.int_at_least(1), default=None,
-        help="CPU threads per rank for PyTorch and sampling (default: the"
-        " machine's cores divided by the ranks on it).",
-    )
-    parser.add_argument(
-        "--max-batches", type=gbrun.int_at_least(1), default=None,
-        help="Stop every training epoch and every evaluation after this many"
-        " batches per rank (quick runs, benchmarks). Default: all.",
-    )
-    parser.add_argument(
-        "--master-port", type=gbrun.port, default=None,
-        help="Rendezvous port on 127.0.0.1 (default: a free port).",
-    )
-    parser.add_argument(
-        "--seed", type=gbrun.int_at_least(0), default=None,
-        help="Seed every random stream on every rank: the same seed repeats"
-        " a run (CPU, --num-workers 0). Unseeded by default, as upstream.",
-    )
-    parser.add_argument(
-        "--checkpoint-dir", default=None,
-        help="Save a checkpoint here after every epoch, and the trained model"
-        " as model.pt at the end.",
-    )
-    parser.add_argument(
-        "--resume", action="store_true",
-        help="Continue from the checkpoint in --checkpoint-dir.",
-    )
-    parser.add_argument(
-        "--log-dir", default=None,
-        help="Append one JSON line per epoch and one for the test result to"
-        " metrics.jsonl here.",
-    )
-    args = parser.parse_args(argv)
-    if args.resume and not args.checkpoint_dir:
-        parser.error("--resume needs --checkpoint-dir")
-    return args
+    # What gbrun reads: devices, precision, threads, seed, checkpoints.
+    cli.add_run_options(parser)
+    return parser.parse_args(argv)
 
 
 def main(argv=None):
@@ -520,7 +447,7 @@ def main(argv=None):
     # Plans devices (bad input: one line, exit 2, nothing spawned), loads the
     # dataset once with load_job, and runs `run` in one process per device
     # (mp.spawn), or as this torchrun process's rank.
-    gbrun.launch_ranks(run, args, load_job)
+    launch.launch_ranks(run, load_job, args, args.gpu, args.num_workers)
 
 
 if __name__ == "__main__":

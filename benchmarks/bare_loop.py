@@ -39,15 +39,16 @@ def child_parser(description):
 
 def create_model(example, dataset, fused_dropout, split_products):
     """The example's model for `dataset`, as the example's CPU ranks run
-    it (gbrun.tune_model): its nn.Dropout fused (--fused-dropout), and in
-    bf16 its products split (gbrun.split_products)."""
-    import gbrun
+    it (gbrun.tuning.tune_model): its nn.Dropout fused (--fused-dropout), and in
+    bf16 its products split (gbrun.products.split_products)."""
+    import gbrun.datasets
+    import gbrun.tuning
 
     model = example.create_model(
-        gbrun.feature_size(dataset, example.FEATURE_KEYS),
+        gbrun.datasets.feature_size(dataset, example.FEATURE_KEYS),
         dataset.tasks[0].metadata["num_classes"])
     # The two fields of the example's plan that tune_model reads.
-    return gbrun.tune_model(model, types.SimpleNamespace(
+    return gbrun.tuning.tune_model(model, types.SimpleNamespace(
         fused_dropout=fused_dropout, split_products=split_products))
 
 
@@ -66,22 +67,26 @@ def main(argv=None):
     import torch
     import torch.nn.functional as F
 
-    import gbrun
+    import gbrun.checkpoint
+    import gbrun.cli
+    import gbrun.datasets
+    import gbrun.placement
+    import gbrun.tuning
     from gbrun.graphbolt import gb
 
-    example = gbrun.load_example(args.example)
+    example = gbrun.cli.load_example(args.example)
     if args.tuned:
-        gbrun.keep_freed_memory()
-        gbrun.poll_less()
+        gbrun.tuning.keep_freed_memory()
+        gbrun.tuning.poll_less()
     torch.set_num_threads(args.threads)
     dataset = gb.OnDiskDataset(args.dataset).load()
     bf16 = args.precision == "bf16"
     if bf16:
         # As the example's --precision bf16: bf16 features, autocast.
-        gbrun.store_in_bf16(dataset, example.FEATURE_KEYS)
+        gbrun.datasets.store_in_bf16(dataset, example.FEATURE_KEYS)
     features = dataset.feature
     if args.tuned:
-        features = gbrun.index_select_store(features)  # as the example reads
+        features = gbrun.placement.index_select_store(features)  # as the example reads
     task = dataset.tasks[0]
     datapipe = gb.ItemSampler(
         task.train_set, batch_size=args.batch_size, shuffle=True, drop_last=True
@@ -110,7 +115,7 @@ def main(argv=None):
             seeds += data.labels.size(0)
             step_end = time.time()
         train_time = time.time() - start
-        with open(os.path.join(args.log_dir, gbrun.METRICS_FILE), "a") as f:
+        with open(os.path.join(args.log_dir, gbrun.checkpoint.METRICS_FILE), "a") as f:
             f.write(json.dumps({
                 "epoch": epoch, "epoch_time": train_time,
                 "train_time": train_time,

@@ -512,9 +512,9 @@ def name_value(text):
 def model_layers(example):
     """The layers of the example's model: one fanout value each. Imports
     torch and DGL (seconds), so it comes after every cheap check."""
-    import gbrun
+    import gbrun.cli
 
-    return len(gbrun.load_example(example).create_model(1, 2).layers)
+    return len(gbrun.cli.load_example(example).create_model(1, 2).layers)
 
 
 def parse_args(argv=None):

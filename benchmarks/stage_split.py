@@ -32,21 +32,25 @@ def main(argv=None):
     import torch
     import torch.nn.functional as F
 
-    import gbrun
+    import gbrun.cli
+    import gbrun.datasets
+    import gbrun.graphbolt
+    import gbrun.placement
+    import gbrun.tuning
     from gbrun.graphbolt import gb
 
-    example = gbrun.load_example(args.example)
-    gbrun.keep_freed_memory()
+    example = gbrun.cli.load_example(args.example)
+    gbrun.tuning.keep_freed_memory()
     torch.set_num_threads(args.threads)
-    dataset = gbrun.load_dataset(args.dataset)
+    dataset = gbrun.datasets.load_dataset(args.dataset)
     keys = example.FEATURE_KEYS
-    train_set = gbrun.check_dataset(dataset, args.dataset, keys,
+    train_set = gbrun.datasets.check_dataset(dataset, args.dataset, keys,
                                     example.LABEL_KEY, example.LABELS)[0]
     bf16 = args.precision == "bf16"
     if bf16:
-        gbrun.store_in_bf16(dataset, keys)
+        gbrun.datasets.store_in_bf16(dataset, keys)
     stock = dataset.feature
-    _, placed = gbrun.place_dataset(dataset, "cpu", torch.device("cpu"), 0,
+    _, placed = gbrun.placement.place_graph(dataset, "cpu", torch.device("cpu"), 0,
                                     keys)
     datapipe = gb.ItemSampler(train_set, batch_size=args.batch_size,
                               shuffle=True, drop_last=True)
@@ -64,7 +68,7 @@ def main(argv=None):
         return result
 
     def read(store, ids):
-        x = [store.read(*gbrun.node_key(key), ids) for key in keys]
+        x = [store.read(*gbrun.datasets.node_key(key), ids) for key in keys]
         return x[0] if len(x) == 1 else torch.cat(x, dim=1)
 
     def step(data, x):

@@ -5,11 +5,19 @@ machines on DGL's distributed engine (DistGraph).
 The single-machine example keeps the whole graph in each process. Here the
 graph is split into one partition per machine (distributed/partition_graph.py);
 each machine runs graph servers that hold its partition, and trainers that
-sample mini-batches from all servers over the network. The trainers run the
-example's own model, optimizer and schedule, keys, `train` loop and
-`evaluate` (with its metric), from the file --example names: an edit there
-trains here too. Only the data loading is DGL's distributed one, and its
-batches reach the example's loop in the shape GraphBolt's have.
+sample mini-batches from all servers over the network. Each trainer runs the
+example's own run() (so its model, optimizer and schedule, keys, loop,
+metric and any edit of run() train here too), from the file --example names,
+with another data source: what DGL's distributed training guide says
+changes between one machine and many.
+
+    DGL's distributed initialise    here, before run()
+    the DistGraph and node_split    gbrun.distributed.Partitions.place, in
+                                    place of the GraphBolt dataset
+    the loader                      DGL's DistNodeDataLoader, built by the
+                                    example's create_dataloader() (a copy
+                                    whose GraphBolt pipeline is edited is
+                                    refused: that edit would not run here)
 
 This script is both the server and the trainer: a launcher starts it with
 DGL_ROLE=server or DGL_ROLE=client in the environment, and
@@ -29,28 +37,31 @@ Call tree:
 main
 ├── parse_args / plan_job        checks before anything connects (servers too)
 ├── dgl.distributed.initialize   servers serve their partition here
-└── run                          each trainer
-    ├── init_process_group       NCCL on GPUs, gloo on CPUs (HIGHLIGHT)
-    ├── DistGraph + node_split   each trainer's share of the nodes (HIGHLIGHT)
-    ├── DistLoader               DistNodeDataLoader batches, as GraphBolt's
-    ├── example.train            the example's loop, under Join
-    └── example.evaluate         the example's metric on the test set
+└── example.run                  each trainer, through gbrun.launch.run_rank
+    ├── init_process_group       NCCL on GPUs, gloo on CPUs (env://)
+    ├── place_dataset            DistGraph + node_split (Partitions.place)
+    ├── create_dataloader        DistNodeDataLoader batches, as GraphBolt's
+    ├── train                    the example's loop, under Join
+    └── evaluate                 the example's metric on the test set
 """
 import argparse
 import json
 import os
 import sys
 
-import gbrun  # first: it says in one line if DGL cannot load
+import ast
+import dataclasses
+import inspect
+
+import gbrun.graphbolt  # first: one line if DGL cannot load
+from gbrun import checkpoint, cli, datasets, launch
+from gbrun.distributed import (
+    Partitions, exit_when_clients_are_gone, fail_fast,
+    samplers_die_with_trainer,
+)
 
 import dgl
 import torch
-import torch.distributed as dist
-from gbrun.distributed import (
-    DistBatches, DistLoader, exit_when_clients_are_gone, fail_fast,
-    samplers_die_with_trainer,
-)
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 DEFAULT_EXAMPLE = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -66,142 +77,85 @@ NOT_HERE = {
 }
 
 
-def run(args, example, plan, job, graph_name):
-    """One trainer from start to end; returns 0, or the signal that stopped
-    training (a resumable checkpoint is then saved)."""
-    rank = plan.rank_offset
-    device = plan.device(rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    torch.set_num_threads(plan.threads)
-    ############################################################################
-    # (HIGHLIGHT) The model's process group: NCCL between GPU trainers, gloo
-    # between CPU ones, from the rendezvous the launcher set (MASTER_ADDR,
-    # MASTER_PORT, RANK, WORLD_SIZE). DGL's own RPC carries the graph.
-    ############################################################################
-    dist.init_process_group(backend=plan.backend)
-    stop = gbrun.StopSignal(device, None)  # SIGTERM to any trainer stops all
-    samplers_die_with_trainer()
-    if rank == 0:
-        for notice in plan.notices:
-            print(notice)
-        print(f"Training with {plan.world_size} trainers.", flush=True)
-
-    g = dgl.distributed.DistGraph(graph_name, part_config=args.part_config)
-    ############################################################################
-    # (HIGHLIGHT) node_split gives each trainer a disjoint share of a mask's
-    # nodes, mostly of its own machine's partition. force_even=True makes the
-    # shares differ by at most one node and cover every node exactly once,
-    # which keeps validation and test metrics exact. rank= the trainer's
-    # torch rank: by default DGL splits by the order in which trainers
-    # connected, and a resumed run would give a trainer another share.
-    ############################################################################
-    partition_book = g.get_partition_book()
-    train_ids, valid_ids, test_ids = (
-        dgl.distributed.node_split(g.ndata[f"{name}_mask"], partition_book,
-                                   rank=rank, force_even=True)
-        for name in ("train", "val", "test")
-    )
-    # As GraphBolt's drop_last and drop_uneven_inputs: every trainer trains
-    # as many full batches as the one with the fewest.
-    num_batches = torch.tensor(len(train_ids) // args.batch_size)
-    dist.all_reduce(num_batches, op=dist.ReduceOp.MIN)
-
-    if job.seed is not None:
-        torch.manual_seed(job.seed)
-    model = example.create_model(job.in_size, job.num_classes).to(device)
-    gbrun.tune_model(model, plan)  # as the example's run()
-    optimizer, scheduler = example.create_optimizer(model, args)
-    state = gbrun.RunState(
-        rank, args, job, stop, device, plan.autocast,
-        {"model": model, "optimizer": optimizer, "scheduler": scheduler},
-        batches=DistBatches,
-    )
-    model = DDP(model, device_ids=[device] if device.type == "cuda" else None)
-
-    record = [] if args.dump_seeds else None
-
-    def dataloader(nids, batches=None):
-        return DistLoader(
-            g, nids, job.fanout, args.batch_size, example.FEATURE_KEYS,
-            example.LABEL_KEY, device, batches,
-            torch.bfloat16 if args.precision == "bf16" else None, record,
-        )
-
-    train_loader = dataloader(train_ids, int(num_batches))
-    if args.fail_after_batches is not None and rank == args.fail_rank:
-        train_loader.fail_after = args.fail_after_batches
-
-    if rank == 0:
-        print("Training...")
-    stopped_by = example.train(
-        rank, args, model, optimizer, scheduler, train_loader,
-        dataloader(valid_ids), state,
-    )
-    if not stopped_by:
-        if rank == 0:
-            print("Testing...")
-        metric = example.evaluate(model, dataloader(test_ids),
-                                  job.num_classes, state, "test")
-        if rank == 0:
-            print(f"Test {example.METRIC} {metric.item():.4f}", flush=True)
-            state.save_result({
-                "metric": example.METRIC,
-                f"test_{example.METRIC.lower()}": metric.item(),
-                "ranks": plan.world_size,
-            })
-    if record is not None:
-        torch.save(record, os.path.join(args.dump_seeds, f"rank{rank}.pt"))
-    # Nobody tears the group down before every trainer is done.
-    gbrun.barrier(device)
-    gbrun.launch.destroy_process_group()
-    return stopped_by
-
-
-def plan_job(args, example, env=os.environ):
+def plan_job(args, example, plan, env=os.environ):
     """Checks the arguments against the partitions and the example, and a
-    checkpoint to resume; returns (gbrun.Job, graph name). Servers run it
-    too, so that bad input stops every process of the job with the same
-    one-line error instead of leaving some waiting for the others."""
+    checkpoint to resume; returns the gbrun.launch.Job whose dataset is the
+    partitions. Servers run it too, so that bad input stops every process
+    of the job with the same one-line error instead of leaving some waiting
+    for the others."""
     if args.ip_config is None or args.part_config is None:
-        raise gbrun.UsageError("--ip-config and --part-config are required "
+        raise cli.UsageError("--ip-config and --part-config are required "
                                "(the launchers set them)")
     config = read_json(args.part_config, "--part-config")
     if not isinstance(config, dict) or not {"num_parts", "graph_name"} <= set(
             config):
-        raise gbrun.UsageError(
+        raise cli.UsageError(
             f"--part-config {args.part_config} is not a DGL partition config")
     num_machines = count_machines(args.ip_config)
     if config["num_parts"] != num_machines:
-        raise gbrun.UsageError(
+        raise cli.UsageError(
             f"--part-config has {config['num_parts']} partitions but "
             f"--ip-config {args.ip_config} lists {num_machines} machines")
     if args.use_graphbolt and "part_graph_graphbolt" not in config.get(
             "part-0", {}):
-        raise gbrun.UsageError(
+        raise cli.UsageError(
             f"--use-graphbolt needs partitions written with "
             f"partition_graph.py --use-graphbolt; {args.part_config} has none")
     samplers = int(env.get("DGL_NUM_SAMPLER", "0"))
     if args.num_workers != samplers:
-        raise gbrun.UsageError(
+        raise cli.UsageError(
             f"--num-workers {args.num_workers} differs from the launcher's "
             f"sampler count DGL_NUM_SAMPLER={samplers}")
     info = read_json(
         os.path.join(os.path.dirname(args.part_config), DATASET_INFO_FILE),
         "dataset info (written by partition_graph.py)")
     check_keys(info, example)
+    check_loader(example)
     in_size = sum(info["features"][key] for key in example.FEATURE_KEYS)
     num_classes = int(info["num_classes"])
     model = example.create_model(in_size, num_classes)
-    fanout = gbrun.check_fanout(args.fanout, len(model.layers))
+    fanout = cli.check_fanout(args.fanout, len(model.layers))
     key = example.resume_key(model, *example.create_optimizer(model, args),
                              args, fanout)
     trainers = num_trainers(env, num_machines, samplers)
-    gbrun.check_train_split(info["num_train"], args.batch_size, trainers)
-    checkpoint, seed = gbrun.open_checkpoint(args, key, trainers)
-    job = gbrun.Job(None, None, in_size, num_classes, fanout, key, checkpoint,
-                    seed)
-    return job, config["graph_name"]
+    datasets.check_train_split(info["num_train"], args.batch_size,
+                                     trainers)
+    # A server's plan is its machine's last trainer's: the job has more.
+    start = checkpoint.start_or_resume(
+        args, key, dataclasses.replace(plan, world_size=trainers),
+        args.epochs)
+    data = Partitions(
+        config["graph_name"], args.part_config,
+        torch.bfloat16 if args.precision == "bf16" else None,
+        [] if args.dump_seeds else None, args.fail_after_batches,
+        args.fail_rank)
+    return launch.Job(data, None, in_size, num_classes, fanout, start)
+
+
+def graphbolt_pipeline(function):
+    """create_dataloader's code after its first statement (the branch for
+    DGL's distributed engine), without its docstring, as an AST dump."""
+    tree = ast.parse(inspect.getsource(function).strip())
+    body = tree.body[0].body
+    if body and isinstance(body[0], ast.Expr) and isinstance(
+            getattr(body[0], "value", None), ast.Constant):
+        body = body[1:]
+    return [ast.dump(statement) for statement in body[1:]]
+
+
+def check_loader(example):
+    """Refuses a copy whose create_dataloader() edits the GraphBolt
+    pipeline: DGL's distributed engine loads batches with DGL's own loader,
+    so the edit would silently not run here."""
+    shipped = cli.load_example(DEFAULT_EXAMPLE)
+    if graphbolt_pipeline(example.create_dataloader) != graphbolt_pipeline(
+            shipped.create_dataloader):
+        raise cli.UsageError(
+            f"--example {example.__file__}: its create_dataloader() "
+            "edits the GraphBolt pipeline, which DGL's distributed engine "
+            "does not run (its batches come from DGL's DistNodeDataLoader, "
+            "the branch for Partitions at the top); train that edit on one "
+            "machine, or make it in the branch for Partitions")
 
 
 def check_keys(info, example):
@@ -210,7 +164,7 @@ def check_keys(info, example):
     missing = [k for k in example.FEATURE_KEYS if k not in info["features"]]
     if missing or info["label_key"] != example.LABEL_KEY or (
             info["labels"] != example.LABELS):
-        raise gbrun.UsageError(
+        raise cli.UsageError(
             f"the partitions hold the features {sorted(info['features'])}, "
             f"labels '{info['label_key']}' ({info['labels']}); the example "
             f"reads {example.FEATURE_KEYS}, labels '{example.LABEL_KEY}' "
@@ -227,9 +181,11 @@ def num_trainers(env, num_machines, samplers):
 
 
 def plan_devices(args, env=os.environ):
-    """The trainer's plan (gbrun.plan_run as for a torchrun rank). A server
-    checks the plan of its machine's last trainer instead, so that a
-    machine with fewer GPUs than trainers stops every process."""
+    """The trainer's plan (gbrun.launch.plan_run as for a torchrun rank). A
+    server checks the plan of its machine's last trainer instead, so that a
+    machine with fewer GPUs than trainers stops every process; it never
+    trains, so it builds no dropout kernel."""
+    machine = None
     if env.get("DGL_ROLE") == "server":
         machines = count_machines(args.ip_config)
         per_machine = num_trainers(env, machines, args.num_workers) // machines
@@ -237,7 +193,10 @@ def plan_devices(args, env=os.environ):
                    WORLD_SIZE=str(per_machine),
                    LOCAL_RANK=str(per_machine - 1),
                    LOCAL_WORLD_SIZE=str(per_machine))
-    return gbrun.plan_run(args, env, distributed=True)
+        machine = dataclasses.replace(
+            launch.detect_machine(args.precision), dropout_problem=None)
+    return launch.plan_run(args, "0", args.num_workers, env, machine,
+                           distributed=True)
 
 
 def read_json(path, what):
@@ -245,9 +204,9 @@ def read_json(path, what):
         with open(path) as f:
             return json.load(f)
     except FileNotFoundError:
-        raise gbrun.UsageError(f"{what} {path} does not exist") from None
+        raise cli.UsageError(f"{what} {path} does not exist") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise gbrun.UsageError(f"{what} {path} is not valid JSON ({error})"
+        raise cli.UsageError(f"{what} {path} is not valid JSON ({error})"
                                ) from None
 
 
@@ -256,7 +215,7 @@ def count_machines(ip_config):
         with open(ip_config) as f:
             return sum(1 for line in f if line.strip())
     except FileNotFoundError:
-        raise gbrun.UsageError(f"--ip-config {ip_config} does not exist"
+        raise cli.UsageError(f"--ip-config {ip_config} does not exist"
                                ) from None
 
 
@@ -264,14 +223,14 @@ def parse_args(argv=None):
     """This script's options, then the example's (all of them but NOT_HERE,
     your own included): returns (args, the example module)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = gbrun.ArgumentParser(
+    parser = cli.ArgumentParser(
         add_help=False,
         description="Train the example on DGL partitions across machines "
         "(started by launch_local.py or DGL's tools/launch.py). The "
         "example's options apply too; see the end of this help.",
     )
     parser.add_argument(
-        "--example", type=gbrun.python_file, default=DEFAULT_EXAMPLE,
+        "--example", type=cli.python_file, default=DEFAULT_EXAMPLE,
         help="The example file to train: the model, optimizer, keys, loop "
         "and metric come from it. Default: node_classification.py of this "
         "repository.")
@@ -296,16 +255,16 @@ def parse_args(argv=None):
         help="Directory where each trainer saves the nodes of every pass "
         "(train, validation, test) in order and the seeds it handed out.")
     debug.add_argument(
-        "--fail-after-batches", type=gbrun.int_at_least(0), default=None,
+        "--fail-after-batches", type=cli.int_at_least(0), default=None,
         help="Make trainer --fail-rank raise at this training batch.")
-    debug.add_argument("--fail-rank", type=gbrun.int_at_least(0), default=0,
+    debug.add_argument("--fail-rank", type=cli.int_at_least(0), default=0,
                        help="See --fail-after-batches.")
     # tools/launch.py's torch.distributed launcher may pass this; the rank
     # comes from the environment either way.
     parser.add_argument("--local-rank", "--local_rank", type=int,
                         help=argparse.SUPPRESS)
     ours, rest = parser.parse_known_args(argv)
-    example = gbrun.load_example(ours.example)
+    example = cli.load_example(ours.example)
     if ours.help:
         parser.print_help()
         print(f"\nThe example's options ({ours.example}) apply too, except "
@@ -314,7 +273,7 @@ def parse_args(argv=None):
     args = example.parse_args(rest)
     defaults = example.parse_args([])
     for name, why in NOT_HERE.items():
-        if getattr(args, name) != getattr(defaults, name):
+        if getattr(args, name, None) != getattr(defaults, name, None):
             parser.error(f"--{name.replace('_', '-')} does not apply to the "
                          f"distributed trainer: {why}")
     del ours.help
@@ -330,10 +289,10 @@ def main(argv=None):
     args, example = parse_args(argv)
     server = os.environ.get("DGL_ROLE") == "server"
     try:
-        job, graph_name = plan_job(args, example)
         plan = plan_devices(args)
-    except gbrun.UsageError as error:
-        gbrun.fail(error, speak=gbrun.cli.is_first_process())
+        job = plan_job(args, example, plan)
+    except cli.UsageError as error:
+        cli.fail(error, speak=cli.is_first_process())
     if server:
         port = dgl.distributed.rpc.read_ip_config(
             args.ip_config, int(os.environ["DGL_NUM_SERVER"])
@@ -341,13 +300,20 @@ def main(argv=None):
         exit_when_clients_are_gone(port)
     # Servers never return from here; trainers connect to every server.
     dgl.distributed.initialize(args.ip_config, use_graphbolt=args.use_graphbolt)
+    samplers_die_with_trainer()
+    if plan.rank_offset == 0:
+        for notice in plan.notices:
+            print(notice)
+        print(f"Training with {plan.world_size} trainers.", flush=True)
     try:
-        stopped_by = run(args, example, plan, job, graph_name)
-    except BaseException:
-        fail_fast()
-    if stopped_by:
-        # DGL's exit hook (every trainer stopped alike) shuts the servers.
-        sys.exit(128 + stopped_by)
+        # The example's run(); on a failure, this trainer ends at once
+        # (fail_fast). DGL's exit hook then shuts the servers.
+        launch.run_rank(plan.rank_offset, example.run, plan, args, job,
+                        on_failure=fail_fast)
+    finally:
+        if job.dataset.record is not None:
+            torch.save(job.dataset.record, os.path.join(
+                args.dump_seeds, f"rank{plan.rank_offset}.pt"))
 
 
 if __name__ == "__main__":

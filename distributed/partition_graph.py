@@ -48,7 +48,8 @@ import os
 import shutil
 import tempfile
 
-import gbrun
+import gbrun.cli
+import gbrun.datasets
 
 # dgl, numpy and torch are imported where they are used: a bad argument is
 # refused before they load (seconds).
@@ -71,7 +72,7 @@ def dataset_to_dgl_graph(dataset, item_sets, label_key):
 
     graph = dataset.graph
     if graph.node_type_offset is not None:
-        raise gbrun.UsageError("heterogeneous graphs are not supported by "
+        raise gbrun.cli.UsageError("heterogeneous graphs are not supported by "
                                "this example")
     num_nodes = graph.total_num_nodes
     indptr = graph.csc_indptr.long()
@@ -102,7 +103,7 @@ def set_features_aside(dataset, feature_keys, directory):
     paths = {}
     for key in feature_keys:
         paths[key] = os.path.join(directory, f"{len(paths)}.npy")
-        np.save(paths[key], dataset.feature.read(*gbrun.node_key(key)).numpy())
+        np.save(paths[key], dataset.feature.read(*gbrun.datasets.node_key(key)).numpy())
     return paths
 
 
@@ -170,7 +171,7 @@ def write_dataset_info(out_dir, info):
 
 
 def parse_args(argv=None):
-    parser = gbrun.ArgumentParser(
+    parser = gbrun.cli.ArgumentParser(
         description="Partition a GraphBolt OnDiskDataset for DGL distributed "
         "training (one partition per machine)."
     )
@@ -186,13 +187,13 @@ def parse_args(argv=None):
         help="Download directory for builtin datasets. Default: datasets",
     )
     parser.add_argument(
-        "--example", type=gbrun.python_file, default=DEFAULT_EXAMPLE,
+        "--example", type=gbrun.cli.python_file, default=DEFAULT_EXAMPLE,
         help="The example whose features (FEATURE_KEYS) and labels "
         "(LABEL_KEY, LABELS) the partitions hold. Default: "
         "node_classification.py of this repository.",
     )
     parser.add_argument(
-        "--num-parts", type=gbrun.int_at_least(1), required=True,
+        "--num-parts", type=gbrun.cli.int_at_least(1), required=True,
         help="Number of machines.",
     )
     parser.add_argument(
@@ -234,22 +235,22 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        example = gbrun.load_example(
+        example = gbrun.cli.load_example(
             args.example, ("FEATURE_KEYS", "LABEL_KEY", "LABELS"))
-        dataset = gbrun.load_dataset(args.dataset, args.root)
-        item_sets = gbrun.check_dataset(
+        dataset = gbrun.datasets.load_dataset(args.dataset, args.root)
+        item_sets = gbrun.datasets.check_dataset(
             dataset, args.dataset, example.FEATURE_KEYS, example.LABEL_KEY,
             example.LABELS)
         g = dataset_to_dgl_graph(dataset, item_sets, example.LABEL_KEY)
-    except gbrun.UsageError as error:
-        gbrun.fail(error)
+    except gbrun.cli.UsageError as error:
+        gbrun.cli.fail(error)
     graph_name = args.graph_name or os.path.basename(
         os.path.normpath(args.dataset)
     )
     info = {
         "graph_name": graph_name,
         "num_classes": int(dataset.tasks[0].metadata["num_classes"]),
-        "features": {key: dataset.feature.size(*gbrun.node_key(key))[0]
+        "features": {key: dataset.feature.size(*gbrun.datasets.node_key(key))[0]
                      for key in example.FEATURE_KEYS},
         "label_key": example.LABEL_KEY,
         "labels": example.LABELS,

@@ -29,21 +29,28 @@ class Batches:
     shuffling and sampling from (seed, rank, epoch) and each step's dropout
     from (seed, rank, epoch, step), after skipping the `skip` batches a
     stopped run already trained: a run repeats, and resumes at any step.
-    This class reads a GraphBolt DataLoader (see source); the distributed
-    trainer's DistBatches reads a DistGraph."""
+    `upcast`: bf16 node features reach the model in fp32 (--precision bf16
+    where the device does not compute bf16: stored in bf16, computed in
+    fp32). A pass ends once the device has done its queued work, so that a
+    time taken after it counts the pass. The batches of a GraphBolt
+    DataLoader, or of a loader with a `source(batches)` method (the
+    distributed trainer's DistLoader)."""
 
     def __init__(self, dataloader, rank, name, seed=None, epoch=None, skip=0,
-                 limit=None):
+                 limit=None, upcast=False, device=None):
         self.dataloader = dataloader
         self.rank, self.name = rank, name
         self.seed, self.epoch = seed, epoch
         self.step, self.limit = skip, limit
+        self.upcast, self.device = upcast, device
         self.data_wait = 0.0
 
     def source(self):
         """(this pass's batches from batch `step` on, at most `limit` in
         all; rank 0's number of them, for the progress bar). Under a seed,
         every pass samples serially (see sample_serially)."""
+        if hasattr(self.dataloader, "source"):
+            return self.dataloader.source(self)
         item_sampler = item_sampler_of(self.dataloader)
         seeded = self.seed is not None
         if seeded and self.epoch is not None:
@@ -67,11 +74,18 @@ class Batches:
             # fetching that no prefetch thread hid.
             self.data_wait += time.time() - start
             if data is None:
+                if self.device is not None:
+                    synchronized_time(self.device)
                 return
             if training:
                 torch.manual_seed(
                     derived_seed(self.seed, self.rank, self.epoch, self.step)
                 )
+            if self.upcast:
+                data.node_features = {
+                    key: value.float() if value.dtype == torch.bfloat16
+                    else value for key, value in data.node_features.items()
+                }
             # Counted before the step runs: a loop that breaks after it
             # (a stop) has trained `step` batches.
             self.step += 1

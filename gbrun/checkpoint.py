@@ -1,13 +1,12 @@
-"""Checkpoints, resume and run outputs.
+"""Checkpoint files, the resume key, and where a run starts.
 
-A Job is what the parent loads once for every rank; a RunState is one rank's
-view of the run: where training starts (epoch, step, loss sums so far), the
-states it restores and saves (model, optimizer, scheduler: whatever
-state_dicts it is given), and the files: checkpoint.pt after every epoch and
-when stopped, model.pt at the end, metrics.jsonl. Checkpoints hold tensors
-and plain data only, and load with weights_only=True.
+start_or_resume decides, once and before any rank trains, where a run
+starts (a Start): from scratch, or from a checkpoint it checks against the
+example's resume key and this launch. gbrun.progress.Progress saves and
+restores the run with the file functions here: checkpoint.pt after every
+epoch and when stopped, model.pt at the end, metrics.jsonl. Checkpoints hold
+tensors and plain data only, and load with weights_only=True.
 """
-import copy
 import inspect
 import json
 import os
@@ -15,12 +14,8 @@ import pickle
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from .cli import UsageError
-from .batches import Batches
-from .launch import barrier
-from .stop import report_stop
 
 CHECKPOINT_FILE = "checkpoint.pt"
 MODEL_FILE = "model.pt"
@@ -29,38 +24,39 @@ REQUIRED = {"model", "optimizer", "epoch", "seed", "config"}
 
 
 @dataclass
-class Job:
-    """What every rank needs, loaded once: the dataset and its item sets
-    (train, validation, test), the sizes the model is built with, the fanout,
-    what a checkpoint must agree on (`config`), the checkpoint to resume (or
-    None) and the seed (--seed, or the checkpoint's)."""
+class Start:
+    """Where a run starts and what it writes: the checkpoint to resume (None:
+    from scratch), the seed (--seed, or the checkpoint's), the epochs to
+    train, --max-batches, the output directories (None where not asked
+    for), and the resume key every checkpoint of the run carries."""
 
-    dataset: object
-    item_sets: tuple
-    in_size: int
-    num_classes: int
-    fanout: list
-    config: dict
     checkpoint: dict
     seed: int
+    epochs: int
+    max_batches: int
+    checkpoint_dir: str
+    log_dir: str
+    key: dict
 
 
-def open_checkpoint(args, config, world_size):
-    """Creates the output directories; with --resume, loads the checkpoint
-    and refuses one that this run cannot continue: made with another
-    `config` (the example's resume key), another number of ranks inside an
-    epoch, another seed, or already at --epochs. Returns (checkpoint or
-    None, seed)."""
+def start_or_resume(args, key, plan, epochs):
+    """Where the run starts (a Start). Creates --checkpoint-dir and
+    --log-dir; with --resume, loads the checkpoint and refuses, in one line,
+    one that this run cannot continue: made with another `key` (the
+    example's resume key, plus the dropout `plan` runs), another number of
+    ranks inside an epoch, another seed, or already at `epochs`."""
+    key = dict(key, dropout="fused" if plan.fused_dropout else "torch")
     for directory in (args.checkpoint_dir, args.log_dir):
         if directory:
             os.makedirs(directory, exist_ok=True)
-    if not args.resume:
-        return None, args.seed
-    checkpoint = load_checkpoint(args.checkpoint_dir, config)
-    check_resume(checkpoint, args, world_size)
-    # Without --seed the run continues the checkpoint's sequence.
-    seed = checkpoint["seed"] if args.seed is None else args.seed
-    return checkpoint, seed
+    checkpoint, seed = None, args.seed
+    if args.resume:
+        checkpoint = load_checkpoint(args.checkpoint_dir, key)
+        check_resume(checkpoint, args, plan.world_size, epochs)
+        # Without --seed the run continues the checkpoint's sequence.
+        seed = checkpoint["seed"] if args.seed is None else args.seed
+    return Start(checkpoint, seed, epochs, args.max_batches,
+                 args.checkpoint_dir, args.log_dir, key)
 
 
 def load_checkpoint(directory, config):
@@ -117,7 +113,7 @@ def difference(saved, value, where=""):
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def settings(obj):
+def hyperparameters(obj):
     """An optimizer's or LR scheduler's class and hyperparameters as plain
     data, for the resume key (None for None): each of an optimizer's
     param_groups without its parameters (and without what a scheduler adds
@@ -163,7 +159,7 @@ def unreadable(path, error):
     )
 
 
-def check_resume(checkpoint, args, world_size):
+def check_resume(checkpoint, args, world_size, epochs):
     partial = checkpoint.get("partial")
     if checkpoint.get("step") and len(partial or []) != world_size:
         raise UsageError(
@@ -176,136 +172,12 @@ def check_resume(checkpoint, args, world_size):
             f"--seed {args.seed}: the checkpoint was made with --seed "
             f"{checkpoint['seed']}"
         )
-    if checkpoint["epoch"] >= args.epochs:
+    if checkpoint["epoch"] >= epochs:
+        # The example names its epoch count's option; gbrun does not.
         raise UsageError(
-            f"--epochs {args.epochs}: the checkpoint has already trained "
-            f"{checkpoint['epoch']} epochs; pass a larger --epochs"
+            f"{epochs} epochs to train: the checkpoint has already trained "
+            f"{checkpoint['epoch']} epochs; ask for more epochs"
         )
-
-
-class RunState:
-    """One rank's run: where it starts, what it restores and saves.
-
-    `states` maps names to objects with state_dict()/load_state_dict() (the
-    model without DDP, the optimizer, an LR scheduler or None). They are
-    restored here from the checkpoint being resumed, exactly as saved, and
-    saved by rank 0 after every epoch and when a signal stops training.
-    Randomness derives from (seed, rank, epoch, step), so the seed and the
-    position are all the random state a resumed run needs. `kept` is the
-    example's own dict of values to keep across a resume (tensors and plain
-    data): rank 0's is saved, and every rank gets it back."""
-
-    def __init__(self, rank, args, job, stop, device, autocast, states,
-                 batches=Batches):
-        self.rank, self.args, self.job = rank, args, job
-        self.make_batches = batches  # Batches, or DistBatches on a DistGraph
-        self.stop, self.device, self.autocast = stop, device, autocast
-        self.states = {k: v for k, v in states.items() if v is not None}
-        checkpoint = job.checkpoint or {}
-        self.start_epoch = checkpoint.get("epoch", 0)
-        self.start_step = checkpoint.get("step", 0)
-        self.kept = copy.deepcopy(checkpoint.get("kept") or {})
-        if job.checkpoint is not None:
-            self._restore(job.checkpoint)
-            if rank == 0:
-                at = f"epoch {self.start_epoch}" + (
-                    f", step {self.start_step}" if self.start_step else "")
-                print(f"Resuming from {args.checkpoint_dir} at {at}.")
-
-    def _restore(self, checkpoint):
-        for name, obj in self.states.items():
-            if checkpoint.get(name) is None:
-                raise UsageError(
-                    f"checkpoint in '{self.args.checkpoint_dir}' has no "
-                    f"{name} state; this run has one"
-                )
-            # A copy: the checkpoint reached this rank through shared memory,
-            # and load_state_dict keeps CPU tensors as they are, so otherwise
-            # every rank would step the same optimizer state.
-            obj.load_state_dict(copy.deepcopy(checkpoint[name]))
-
-    def epochs(self):
-        return range(self.start_epoch, self.args.epochs)
-
-    def batches(self, dataloader, name, epoch=None):
-        """The batches of one pass: a training epoch (`epoch` given; it
-        skips the steps a stopped run already trained) or an evaluation."""
-        skip = self.start_step if epoch == self.start_epoch else 0
-        return self.make_batches(
-            dataloader, self.rank, name, self.job.seed, epoch, skip,
-            self.args.max_batches,
-        )
-
-    def sums_so_far(self, epoch):
-        """(loss sum, item count) where this rank's `epoch` starts: zero, or
-        where a run stopped inside it."""
-        loss, count = 0.0, 0
-        if epoch == self.start_epoch and self.start_step:
-            loss, count = self.job.checkpoint["partial"][self.rank]
-        return torch.tensor(loss, device=self.device), count
-
-    def save_epoch(self, epoch, record):
-        """Rank 0 after each epoch: the checkpoint (the next epoch starts at
-        step 0) and the metrics line."""
-        if self.args.checkpoint_dir:
-            self._save(epoch + 1, step=0, partial=None)
-        if self.args.log_dir:
-            append_metrics(self.args.log_dir, record)
-
-    def stopped_after(self, epoch):
-        """After an epoch's line: nobody goes on until its checkpoint is
-        complete, and a signal that came during evaluation stops every rank
-        here, at that checkpoint. True if stopped."""
-        if self.args.checkpoint_dir:
-            barrier(self.device)
-        if self.stop.agreed_now() and epoch + 1 < self.args.epochs:
-            if self.rank == 0:
-                report_stop(self.args.checkpoint_dir, self.stop.signum,
-                            epoch + 1, 0)
-            barrier(self.device)
-            return True
-        return False
-
-    def save_stop(self, epoch, step, total_loss, num_items):
-        """Every rank, when a signal stopped training inside an epoch: rank 0
-        saves where, with every rank's loss sum and item count, and says how
-        to go on. Returns the signal."""
-        # On the rank's device: NCCL gathers only tensors on the input's GPU.
-        sums = torch.stack([
-            total_loss.detach().to(torch.float64),
-            torch.tensor(num_items, dtype=torch.float64, device=self.device),
-        ])
-        gathered = [torch.zeros_like(sums) for _ in range(dist.get_world_size())]
-        dist.all_gather(gathered, sums)
-        if self.rank == 0:
-            if self.args.checkpoint_dir:
-                partial = [[loss, int(count)] for loss, count in
-                           (g.tolist() for g in gathered)]
-                self._save(epoch, step, partial)
-            report_stop(self.args.checkpoint_dir, self.stop.signum, epoch, step)
-        barrier(self.device)
-        return self.stop.signum
-
-    def save_result(self, record):
-        """Rank 0 at the end: the trained model and the test line of the
-        metrics."""
-        if self.args.checkpoint_dir:
-            path = os.path.join(self.args.checkpoint_dir, MODEL_FILE)
-            save_atomically(cpu_state(self.states["model"]), path)
-        if self.args.log_dir:
-            append_metrics(self.args.log_dir, record)
-
-    def _save(self, epoch, step, partial):
-        # A stopped run also keeps each rank's loss sum and item count so far
-        # (`partial`), for the epoch's average.
-        checkpoint = {name: cpu_state(obj) for name, obj in self.states.items()}
-        check_plain(self.kept, "state.kept")
-        checkpoint.update(
-            epoch=epoch, step=step, partial=partial, seed=self.job.seed,
-            config=self.job.config, kept=cpu_values(self.kept),
-        )
-        save_atomically(checkpoint, os.path.join(
-            self.args.checkpoint_dir, CHECKPOINT_FILE))
 
 
 def cpu_state(obj):

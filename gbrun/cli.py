@@ -7,6 +7,9 @@ import re
 import sys
 
 
+MODES = ["auto", "cpu-cpu", "cpu-cuda", "pinned-cuda", "cuda-cuda"]
+
+
 class UsageError(Exception):
     """Bad input: reported as one line, exit status 2, before any spawn."""
 
@@ -40,6 +43,79 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):
         # One line naming the bad value, instead of usage text plus error.
         fail(message, speak=is_first_process())
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, rest = super().parse_known_args(args, namespace)
+        if getattr(parsed, "resume", False) and not parsed.checkpoint_dir:
+            self.error("--resume needs --checkpoint-dir")
+        return parsed, rest
+
+
+def add_run_options(parser):
+    """Adds the options gbrun reads (and only those: gbrun reads no other
+    option of the example's, so the example's own can be renamed freely):
+    where training runs and how fast, what a run saves and logs, seeding
+    and resuming."""
+    run = parser.add_argument_group("running, saving and resuming (gbrun)")
+    run.add_argument(
+        "--mode", default="auto", choices=MODES,
+        help="Dataset storage placement and train device: 'cpu' for CPU and"
+        " RAM, 'pinned' for pinned memory in RAM, 'cuda' for GPU and GPU"
+        " memory. 'auto' is pinned-cuda when torch and DGL have CUDA,"
+        " otherwise cpu-cpu.",
+    )
+    run.add_argument(
+        "--precision", default="fp32", choices=["fp32", "bf16"],
+        help="bf16: node features stored in bfloat16 (half the memory and"
+        " the bytes each batch gathers) and the forward pass under autocast"
+        " where the device computes bf16; parameters, optimizer, loss and"
+        " metrics stay fp32.",
+    )
+    run.add_argument(
+        "--fused-dropout", action=argparse.BooleanOptionalAction, default=True,
+        help="On CPU ranks, run the model's nn.Dropout layers as one pass with"
+        " a hashed random mask (a C kernel built once with cc);"
+        " --no-fused-dropout keeps torch's. A checkpoint resumes only with"
+        " the dropout it was made with.",
+    )
+    run.add_argument(
+        "--threads", type=int_at_least(1), default=None,
+        help="CPU threads per rank for PyTorch and sampling (default: the"
+        " machine's cores divided by the ranks on it).",
+    )
+    run.add_argument(
+        "--gpu-cache-size", type=int_at_least(0), default=0,
+        help="The capacity of the GPU feature cache in bytes (pinned-cuda).",
+    )
+    run.add_argument(
+        "--max-batches", type=int_at_least(1), default=None,
+        help="Stop every training epoch and every evaluation after this many"
+        " batches per rank (quick runs, benchmarks). Default: all.",
+    )
+    run.add_argument(
+        "--master-port", type=port, default=None,
+        help="Rendezvous port on 127.0.0.1 (default: a free port).",
+    )
+    run.add_argument(
+        "--seed", type=int_at_least(0), default=None,
+        help="Seed every random stream on every rank: the same seed repeats"
+        " a run (CPU, --num-workers 0). Unseeded by default, as upstream.",
+    )
+    run.add_argument(
+        "--checkpoint-dir", default=None,
+        help="Save a checkpoint here after every epoch, and the trained model"
+        " as model.pt at the end.",
+    )
+    run.add_argument(
+        "--resume", action="store_true",
+        help="Continue from the checkpoint in --checkpoint-dir.",
+    )
+    run.add_argument(
+        "--log-dir", default=None,
+        help="Append one JSON line per epoch and one for the test result to"
+        " metrics.jsonl here.",
+    )
+    return parser
 
 
 def int_at_least(minimum):
@@ -88,7 +164,7 @@ def python_file(text):
 # What the scripts that train or read data as the example does take from it.
 EXAMPLE_NAMES = ("FEATURE_KEYS", "LABEL_KEY", "LABELS", "METRIC",
                  "create_model", "create_optimizer", "resume_key",
-                 "node_features", "evaluate", "train", "parse_args")
+                 "node_features", "evaluate", "train", "run", "parse_args")
 
 
 def load_example(path, names=EXAMPLE_NAMES):

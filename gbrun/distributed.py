@@ -19,13 +19,12 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from types import SimpleNamespace
 
 import dgl
 import torch
 
-from .batches import Batches, derived_seed
+from .batches import derived_seed
 
 # How long a server waits, once its last client has gone, before it
 # leaves: a clean shutdown (every trainer done) comes well within it.
@@ -41,6 +40,65 @@ def node_dataloader_class():
     before (told apart by what the modules hold, not by version)."""
     return getattr(dgl.distributed, "DistNodeDataLoader", None) or (
         dgl.dataloading.DistNodeDataLoader)
+
+
+class Partitions:
+    """DGL partitions served by the graph servers, where the example has a
+    GraphBolt dataset (the distributed trainer puts it in the Job): the
+    data source of the example's own run(), create_dataloader() and loop.
+    `dtype`: the features' type in batches (bf16 under --precision bf16).
+    `record`, `fail_after`, `fail_rank`: the trainer's debugging options."""
+
+    def __init__(self, graph_name, part_config, dtype=None, record=None,
+                 fail_after=None, fail_rank=0):
+        self.graph_name, self.part_config = graph_name, part_config
+        self.dtype, self.record = dtype, record
+        self.fail_after, self.fail_rank = fail_after, fail_rank
+        self.g = None
+
+    def place(self, device):
+        """(this, the DistGraph, this trainer's share of each split): what
+        gbrun.placement.place_dataset hands the example's run()."""
+        import torch.distributed as dist
+
+        self.g = dgl.distributed.DistGraph(self.graph_name,
+                                           part_config=self.part_config)
+        ########################################################################
+        # (HIGHLIGHT) node_split gives each trainer a disjoint share of a
+        # mask's nodes, mostly of its own machine's partition.
+        # force_even=True makes the shares differ by at most one node and
+        # cover every node exactly once, which keeps validation and test
+        # metrics exact. rank= the trainer's torch rank: by default DGL
+        # splits by the order in which trainers connected, and a resumed run
+        # would give a trainer another share.
+        ########################################################################
+        book = self.g.get_partition_book()
+        splits = tuple(
+            dgl.distributed.node_split(self.g.ndata[f"{name}_mask"], book,
+                                       rank=dist.get_rank(), force_even=True)
+            for name in ("train", "val", "test"))
+        return self, self.g, splits
+
+    def dataloader(self, nids, is_train, batch_size, fanout, feature_keys,
+                   label_key, device):
+        """The example's create_dataloader() on this data source: a
+        DistLoader of this trainer's nodes `nids`. Training, as GraphBolt's
+        drop_last and drop_uneven_inputs: every trainer trains as many full
+        batches as the one with the fewest (a collective: every trainer
+        makes its training loader at the same point)."""
+        import torch.distributed as dist
+
+        num_batches = None
+        if is_train:
+            count = torch.tensor(len(nids) // batch_size)
+            dist.all_reduce(count, op=dist.ReduceOp.MIN)
+            num_batches = int(count)
+        loader = DistLoader(self.g, nids, fanout, batch_size, feature_keys,
+                            label_key, device, num_batches, self.dtype,
+                            self.record)
+        if is_train and dist.get_rank() == self.fail_rank:
+            loader.fail_after = self.fail_after
+        return loader
 
 
 class DistLoader:
@@ -90,41 +148,39 @@ class DistLoader:
             labels=self.g.ndata[self.label_key][seeds].to(self.device),
         )
 
-
-class DistBatches(Batches):
-    """Batches of a DistLoader: one DistNodeDataLoader a pass, over exactly
-    the nodes this pass hands out (after the `skip` batches a stopped run
-    trained, at most `limit` in all), so no request is left behind in DGL's
-    sampler processes when a pass ends. Shuffling derives from (seed,
-    rank, epoch); the neighbors are sampled by DGL's servers and the
-    trainer's own DGL random generator, which the seed does not reach."""
-
-    def source(self):
-        loader, size = self.dataloader, self.dataloader.batch_size
-        order = loader.order(self.seed, self.rank, self.epoch or 0)
+    def source(self, batches):
+        """The batches of one pass (gbrun.batches.Batches asks): one
+        DistNodeDataLoader a pass, over exactly the nodes this pass hands out
+        (after the batches a stopped run trained, at most `batches.limit` in
+        all), so no request is left behind in DGL's sampler processes when a
+        pass ends. Shuffling derives from (seed, rank, epoch); the neighbors
+        are sampled by DGL's servers and the trainer's own DGL random
+        generator, which the seed does not reach. Returns (batches, their
+        number)."""
+        size, step, rank = self.batch_size, batches.step, batches.rank
+        order = self.order(batches.seed, rank, batches.epoch or 0)
         total = -(-len(order) // size)
-        if self.limit is not None:
-            total = min(total, self.limit)
+        if batches.limit is not None:
+            total = min(total, batches.limit)
         handed_out = []
-        if loader.record is not None:
-            loader.record.append((self.name, order, handed_out))
-        nids = order[self.step * size: total * size]
+        if self.record is not None:
+            self.record.append((batches.name, order, handed_out))
+        nids = order[step * size: total * size]
         if len(nids) == 0:
             return iter(()), total
         sampled = node_dataloader_class()(
-            loader.g, nids, loader.sampler, batch_size=size, shuffle=False,
+            self.g, nids, self.sampler, batch_size=size, shuffle=False,
             drop_last=False)
 
-        def batches():
-            for step, (input_nodes, seeds, blocks) in enumerate(
-                    sampled, self.step):
-                if step == loader.fail_after:
+        def each():
+            for index, (input_nodes, seeds, blocks) in enumerate(sampled, step):
+                if index == self.fail_after:
                     raise RuntimeError(
-                        f"--fail-after-batches {step} on rank {self.rank}")
+                        f"--fail-after-batches {index} on rank {rank}")
                 handed_out.append(seeds)
-                yield loader.batch(input_nodes, seeds, blocks)
+                yield self.batch(input_nodes, seeds, blocks)
 
-        return batches(), total
+        return each(), total
 
 
 def exit_when_clients_are_gone(port, grace_s=CLIENTS_GONE_GRACE_S,
@@ -203,12 +259,11 @@ def samplers_die_with_trainer():
 
 
 def fail_fast():
-    """A trainer's end on any error: its traceback, then exit status 1 at
-    once. A clean exit would wait for ever in DGL's exit hook (a barrier
-    with the other trainers) and in gloo's teardown; the other trainers
-    fail at their next collective, and the servers and samplers leave once
-    their trainers have gone (see above)."""
-    traceback.print_exc()
+    """A trainer's end on any error, once its traceback is printed: exit
+    status 1 at once. A clean exit would wait for ever in DGL's exit hook (a
+    barrier with the other trainers) and in gloo's teardown; the other
+    trainers fail at their next collective, and the servers and samplers
+    leave once their trainers have gone (see above)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)

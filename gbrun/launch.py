@@ -1,10 +1,11 @@
 """The launch plan and both launchers.
 
 plan_run is the one place that decides devices, backend, world size,
-rendezvous and threads; launch() starts one process per device with
+rendezvous and threads; launch_ranks starts one process per device with
 mp.spawn, or runs this process as one rank under torchrun. Each rank runs the
-example's `run(rank, plan, args, job, stop)` through run_rank, which reports
-its failure and tears its process group down.
+example's `run(rank, plan, args, job)` through run_rank, which installs the
+rank's stop signal, reports its failure, waits for the other ranks at the
+end and tears its process group down.
 """
 import datetime
 import multiprocessing.connection
@@ -26,15 +27,28 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.reductions import ForkingPickler
 
-from . import dropout, products
-from .cli import UsageError, fail, is_first_process
+from . import dropout, stop
+from .cli import MODES, UsageError, fail, is_first_process
 from .graphbolt import INSTALL_CUDA_DGL
-from .stop import StopSignal, relay_stop_signals
-MODES = ["auto", "cpu-cpu", "cpu-cuda", "pinned-cuda", "cuda-cuda"]
 # How long ranks wait for the first load of the dataset under torchrun (a
 # download and preprocessing of ogbn-papers100M takes hours). That wait runs
 # over gloo: NCCL's own timeout (10 minutes in torch 2.2) would end it.
 LOAD_TIMEOUT = datetime.timedelta(hours=6)
+
+
+@dataclass
+class Job:
+    """What every rank needs, loaded once (the example's load_job makes it):
+    the dataset and its item sets (train, validation, test), the sizes the
+    model is built with, the fanout, and where the run starts (a
+    gbrun.checkpoint.Start)."""
+
+    dataset: object
+    item_sets: tuple
+    in_size: int
+    num_classes: int
+    fanout: list
+    start: object
 
 
 @dataclass(frozen=True)
@@ -83,8 +97,10 @@ class Machine:
     num_cores: int
     gpu_bf16: bool = True  # the GPUs compute in bfloat16
     cpu_bf16: bool = False  # the CPU computes bfloat16 natively
-    # Why gbrun's dropout kernel cannot be built here (None: it can).
-    dropout_problem: str = None
+    # Why gbrun's dropout kernel cannot be built here (None: it can), or a
+    # function that says so: asked only where the plan would use the kernel
+    # (it builds or loads it).
+    dropout_problem: object = None
 
 
 def detect_machine(precision):
@@ -96,7 +112,7 @@ def detect_machine(precision):
     cores = len(os.sched_getaffinity(0))
     return Machine(
         cuda, dgl_cuda, torch.cuda.device_count(), cores, gpu_bf16,
-        cpu_has_bf16(), dropout.kernel_problem(),
+        cpu_has_bf16(), dropout.kernel_problem,
     )
 
 
@@ -112,12 +128,15 @@ def cpu_has_bf16():
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def plan_run(args, env=os.environ, machine=None, distributed=False):
+def plan_run(args, gpus, num_workers, env=os.environ, machine=None,
+             distributed=False):
     """The one place that decides devices, backend, world size, rendezvous
-    and threads. Everything it needs comes in as arguments (the Machine:
-    torch's CUDA, DGL's CUDA) so that every case can be checked without a
-    GPU. `distributed`: for a trainer on DGL's distributed engine, whose
-    graph and features stay on the graph servers (CPU storage), started as
+    and threads, from gbrun's own options in `args` (add_run_options), the
+    example's device list `gpus` (--gpu) and its sampling workers per rank.
+    Everything it needs comes in as arguments (the Machine: torch's CUDA,
+    DGL's CUDA) so that every case can be checked without a GPU.
+    `distributed`: for a trainer on DGL's distributed engine, whose graph
+    and features stay on the graph servers (CPU storage), started as
     torchrun starts a rank (RANK, WORLD_SIZE, LOCAL_RANK)."""
     machine = machine or detect_machine(args.precision)
     cuda_available, dgl_cuda = machine.cuda, machine.dgl_cuda
@@ -142,7 +161,7 @@ def plan_run(args, env=os.environ, machine=None, distributed=False):
                 f"{INSTALL_CUDA_DGL}"
             )
     storage, train_device = mode.split("-")
-    check_mode(args, mode, machine)
+    check_mode(args, mode, machine, num_workers)
     if distributed and storage != "cpu":
         raise UsageError(
             f"--mode {mode}: on DGL's distributed engine the graph and "
@@ -158,7 +177,7 @@ def plan_run(args, env=os.environ, machine=None, distributed=False):
         device_ids, rank_offset = [local_rank], rank
         init_method = "env://"
     else:
-        device_ids = parse_gpu_list(args.gpu)
+        device_ids = parse_gpu_list(gpus)
         world_size = local_world_size = len(device_ids)
         rank_offset, local_rank = 0, 0
         port = args.master_port or free_port()
@@ -183,7 +202,7 @@ def plan_run(args, env=os.environ, machine=None, distributed=False):
     else:
         devices = ["cpu"] * len(device_ids)
 
-    if args.seed is not None and args.num_workers > 0:
+    if args.seed is not None and num_workers > 0:
         notices.append(
             "Note: with --num-workers > 0 sampling runs in worker processes "
             "that --seed does not reach; runs will differ."
@@ -198,11 +217,13 @@ def plan_run(args, env=os.environ, machine=None, distributed=False):
             "memory) and the model computes in fp32."
         )
     # GPUs have torch's fused dropout already.
-    fused_dropout = train_device == "cpu" and getattr(args, "fused_dropout",
-                                                      False)
-    if fused_dropout and machine.dropout_problem:
-        notices.append(f"--fused-dropout: {machine.dropout_problem}; the "
-                       "model keeps torch's dropout.")
+    fused_dropout = train_device == "cpu" and args.fused_dropout
+    problem = machine.dropout_problem
+    if fused_dropout and callable(problem):
+        problem = problem()
+    if fused_dropout and problem:
+        notices.append(f"--fused-dropout: {problem}; the model keeps "
+                       "torch's dropout.")
         fused_dropout = False
     # Upstream's cpu_count // 2 // world_size is 0 on small machines.
     threads = args.threads or max(1, num_cores // local_world_size)
@@ -232,7 +253,7 @@ def plan_run(args, env=os.environ, machine=None, distributed=False):
     )
 
 
-def check_mode(args, mode, machine):
+def check_mode(args, mode, machine, num_workers):
     """Refuses a mode this machine cannot run, or options it cannot use."""
     storage, train_device = mode.split("-")
     cuda_available, dgl_cuda = machine.cuda, machine.dgl_cuda
@@ -259,9 +280,9 @@ def check_mode(args, mode, machine):
             "--precision bf16: this GPU does not compute in bfloat16 "
             "(torch.cuda.is_bf16_supported() is False); use --precision fp32"
         )
-    if args.num_workers > 0 and storage != "cpu":
+    if num_workers > 0 and storage != "cpu":
         raise UsageError(
-            f"--num-workers {args.num_workers}: with --mode {mode} sampling "
+            f"--num-workers {num_workers}: with --mode {mode} sampling "
             "runs on the GPU, which worker processes cannot do; use "
             "--num-workers 0"
         )
@@ -306,27 +327,15 @@ def parse_gpu_list(text):
     return ids
 
 
-def tune_model(model, plan):
-    """`model`, in place, as CPU ranks run it where `plan` says so: its
-    nn.Dropout (and ReLU then dropout) in one pass, and in bf16 its
-    nn.Linear's products in shapes that recur. Parameters, repr and
-    state_dict stay the same. Returns `model`."""
-    if plan.fused_dropout:
-        dropout.fuse_dropout(model)
-    if plan.split_products:
-        products.split_products(model)
-    return model
-
-
-def launch_ranks(run, args, load_job, plan=None):
-    """Plans the run, then runs `run(rank, plan, args, job, stop)` on every
-    rank: one spawned process per device, with the job loaded once by
-    `load_job(args, world_size)` in this process; or, under torchrun, this
+def launch_ranks(run, load_job, args, gpus, num_workers, plan=None):
+    """Plans the run (plan_run), then runs `run(rank, plan, args, job)` on
+    every rank: one spawned process per device, with the job loaded once by
+    `load_job(args, plan)` in this process; or, under torchrun, this
     process as one rank with job None (the ranks then load it in turn, see
     load_job_in_turn). Bad input before training: one line, exit 2, nothing
     spawned."""
     try:
-        plan = plan or plan_run(args)
+        plan = plan or plan_run(args, gpus, num_workers)
         if plan.rank_offset == 0:
             for notice in plan.notices:
                 print(notice)
@@ -336,7 +345,7 @@ def launch_ranks(run, args, load_job, plan=None):
         if plan.launcher == "torchrun":
             run_rank(plan.rank_offset, run, plan, args, None)
             return
-        job = load_job(args, plan.world_size)
+        job = load_job(args, plan)
         check_shared_memory(job.dataset)
     except UsageError as error:
         # Under torchrun every rank finds the same bad input: rank 0 says so.
@@ -358,7 +367,7 @@ def spawn(run, plan, args, job):
     # exec), so that a Ctrl-C during their imports cannot kill one of them
     # (torch's spawn wrapper would exit 0, and the others would wait for it)
     # but reaches them once they handle it (StopSignal).
-    relay_stop_signals(ranks, stop_request)
+    stop.relay_stop_signals(ranks, stop_request)
     unit = "gpu" if plan.backend == "nccl" else "CPU process"
     plural = "es" if unit.endswith("s") else "s"
     print(f"Training with {plan.world_size} {unit}"
@@ -447,13 +456,22 @@ def join_ranks(context, grace_s=RANK_GRACE_S):
         pass
 
 
-def run_rank(rank, run, plan, args, job, stop_request=None):
-    """The entry point of each rank: run() with its failure reported and its
-    process group torn down. A rank stopped by a signal exits with 128 + its
-    number, as a process killed by it would."""
+def run_rank(rank, run, plan, args, job, stop_request=None, on_failure=None):
+    """The entry point of each rank: run() with the rank's stop signal
+    installed (gbrun.stop), its failure reported, a wait for every rank at
+    the end (rank 0 hosts the rendezvous store: nobody leaves before all are
+    done) and its process group torn down. A rank stopped by a signal exits
+    with 128 + its number, as a process killed by it would. `on_failure`:
+    called, once the failure is reported, instead of the teardown (the
+    distributed trainer exits at once)."""
+    stopped_by = 0
     try:
-        stop = StopSignal(plan.device(rank), stop_request)
-        stopped_by = run(rank, plan, args, job, stop)
+        stop.install(plan.device(rank), stop_request)
+        run(rank, plan, args, job)
+        if dist.is_initialized():
+            barrier(plan.device(rank))
+    except stop.Stopped as stopped:
+        stopped_by = stopped.signum
     except UsageError as error:
         # Bad input found in the ranks (torchrun loads the data there):
         # one line, from rank 0; every rank exits 2.
@@ -462,6 +480,8 @@ def run_rank(rank, run, plan, args, job, stop_request=None):
         # Report every failing rank here: the launcher shows only one, often
         # a peer's "connection closed" instead of the cause.
         print(f"rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
+        if on_failure is not None:
+            on_failure()
         raise
     finally:
         if dist.is_initialized():
@@ -481,7 +501,7 @@ def load_job_in_turn(rank, plan, load_job, args):
     job, refusal = None, [None]
     if rank == 0:
         try:
-            job = load_job(args, plan.world_size)
+            job = load_job(args, plan)
             if plan.local_world_size > 1:
                 check_shared_memory(job.dataset)
         except UsageError as error:
@@ -491,7 +511,7 @@ def load_job_in_turn(rank, plan, load_job, args):
     if refusal[0] is not None:
         raise UsageError(refusal[0])
     if plan.local_rank == 0 and rank != 0:
-        job = load_job(args, plan.world_size)
+        job = load_job(args, plan)
     # torchrun numbers the ranks of a node consecutively.
     node_group, _ = dist.new_subgroups(
         plan.local_world_size, backend="gloo", timeout=plan.load_timeout

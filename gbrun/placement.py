@@ -3,13 +3,25 @@ torch.index_select, pinned memory with an optional GPU cache, or the GPU."""
 import torch
 
 from .cli import UsageError
-from .data import node_key
+from .datasets import node_key
 from .graphbolt import gb, make_gpu_cache
 
-def place_dataset(dataset, storage, device, gpu_cache_size, feature_keys):
-    """Puts the graph and features where --mode says; with pinned features,
-    optionally fronts those the model reads (`feature_keys`) with GPU caches
-    of `gpu_cache_size` bytes in all (see gpu_cached_store)."""
+def place_dataset(job, storage, device, gpu_cache_size, feature_keys):
+    """The graph, the features and the item sets (train, validation, test)
+    this rank trains on: `job`'s GraphBolt dataset, with the graph and
+    features where --mode says (pinned features optionally fronted, for
+    those the model reads, `feature_keys`, by GPU caches of
+    `gpu_cache_size` bytes in all; see gpu_cached_store); or, on DGL's
+    distributed engine (job.dataset a gbrun.distributed.Partitions), the
+    DistGraph and this trainer's share of each split."""
+    if hasattr(job.dataset, "place"):
+        return job.dataset.place(device)
+    graph, features = place_graph(job.dataset, storage, device,
+                                  gpu_cache_size, feature_keys)
+    return graph, features, job.item_sets
+
+
+def place_graph(dataset, storage, device, gpu_cache_size, feature_keys):
     if storage == "cuda":
         return dataset.graph.to(device), dataset.feature.to(device)
     if storage == "cpu":

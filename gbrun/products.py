@@ -18,7 +18,7 @@ product's up to rounding (the weight's gradient sums two). Elsewhere
 import torch
 import torch.nn as nn
 
-from .tuning import cache_recurring_products
+from . import tuning
 
 MIN_GRAIN = 64
 
@@ -33,7 +33,7 @@ def split_products(model):
     for module in linears:
         module.__class__ = Linear
     if linears:
-        cache_recurring_products()
+        tuning.cache_recurring_products()
     return model
 
 

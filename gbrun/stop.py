@@ -5,21 +5,49 @@ import signal
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 
 TEST_HOOK = "TEST_SIGTERM_AT_CHECK"
+_installed = None  # this process's StopSignal (signal handlers are per process)
 
 
-class StopSignal(Joinable):
+class Stopped(BaseException):
+    """Raised on every rank, at one step boundary, once a signal stopped
+    training and its checkpoint is written (gbrun.launch turns it into exit
+    status 128 + the signal's number). A BaseException, as KeyboardInterrupt
+    is, so that an `except Exception` in the example does not swallow it."""
+
+    def __init__(self, signum):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def install(device, stop_request):
+    """Makes this process's StopSignal (gbrun.launch does, first thing in a
+    rank); gbrun.progress.Progress finds it with installed()."""
+    global _installed
+    _installed = StopSignal(device, stop_request)
+    return _installed
+
+
+def installed():
+    if _installed is None:
+        raise RuntimeError(
+            "no stop signal in this process: run() must be started by "
+            "gbrun.launch (launch_ranks, or the distributed trainer)")
+    return _installed
+
+
+class StopSignal:
     """SIGTERM or SIGINT (a scheduler's preemption, Ctrl-C) stops every rank
     at a step boundary with a checkpoint to resume from; a second one stops
     at once. A rank cannot stop alone (DDP would hang), so at every boundary
     the ranks agree with one small all-reduce, whose result each rank reads
     at the next boundary: on a GPU the host then never waits for the step it
     has just queued, only for the one before (a stop takes effect one step
-    after the signal; the checkpoint records where). It is a Joinable so
-    that, under Join, a rank that ran out of batches keeps answering.
+    after the signal; the checkpoint records where). Under Join, a rank
+    that ran out of batches keeps answering (answer(), called by the join
+    hook of gbrun.progress's epoch batches).
 
     With mp.spawn the launcher receives the signal (a Ctrl-C reaches every
     process, so ranks ignore SIGINT) and passes it on in `stop_request`, a
@@ -32,7 +60,6 @@ class StopSignal(Joinable):
     it: a stop at an exact step, with no timing involved."""
 
     def __init__(self, device, stop_request):
-        super().__init__()
         self.device = device
         self.stop_request = stop_request
         self.received = 0  # the signal, under torchrun
@@ -59,7 +86,6 @@ class StopSignal(Joinable):
     def agreed(self):
         """At a step boundary: True on every rank, at the same step, once
         any rank had received a signal by the previous boundary."""
-        Join.notify_join_context(self)
         previous, self.pending = self.pending, self._all_reduce()
         if previous is not None:
             self.signum = max(self.signum, previous.read())
@@ -91,17 +117,12 @@ class StopSignal(Joinable):
             received = max(received, self.stop_request.value)
         return _Flag(received, self.device)
 
-    def join_hook(self, **kwargs):
-        return _AnswerStopSignal(self)
-
-    @property
-    def join_device(self):
-        return self.device
-
-    @property
-    def join_process_group(self):
-        return dist.group.WORLD
-
+    def answer(self):
+        """Under Join, a rank that has joined: the all-reduce of a step of
+        the others, read at once (it has no step of its own to overlap)."""
+        self.settle()
+        self.pending = self._all_reduce()
+        self.settle()
 
 
 class _Flag:
@@ -123,24 +144,6 @@ class _Flag:
         if self.ready is not None:
             self.ready.synchronize()
         return int(self.value.item())
-
-
-class _AnswerStopSignal(JoinHook):
-    """What a rank that joined early does in each step of the others: the
-    same all-reduce, read at once (it has no step of its own to overlap)."""
-
-    def __init__(self, stop):
-        self.stop = stop
-
-    def main_hook(self):
-        self.stop.settle()
-        self.stop.pending = self.stop._all_reduce()
-        self.stop.settle()
-
-    def post_hook(self, is_last_joiner):
-        # Every rank, once all have joined: the last flag of the loop.
-        self.stop.settle()
-
 
 
 def relay_stop_signals(context, stop_request):

@@ -1,6 +1,7 @@
-"""CPU settings for the ranks: malloc that keeps batch-sized memory, what
-oneDNN keeps of bf16 products, and less busy polling in GraphBolt's
-prefetch thread (docs/performance.md)."""
+"""A rank's settings for speed (docs/performance.md): malloc that keeps
+batch-sized memory, what oneDNN keeps of bf16 products, less busy polling
+in GraphBolt's prefetch thread, and the model's dropout and bf16 products
+as CPU ranks run them. tune_rank does them all, in the order they need."""
 import ctypes
 import os
 import platform
@@ -13,6 +14,34 @@ ONEDNN_CACHE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 # example's model used 34 primitives in training and evaluation.
 RECURRING_PRODUCTS = 64
 _cache_is_ours = False  # keep_freed_memory set it, not the environment
+
+
+def tune_rank(model, plan):
+    """This rank, once its data is loaded, and its `model`, in place, as
+    `plan` says: glibc's malloc keeps freed memory and oneDNN keeps no
+    product of a past shape (keep_freed_memory), GraphBolt's prefetch
+    thread polls less (poll_less), and on CPU ranks the model's nn.Dropout
+    (and ReLU then dropout) runs in one pass and, in bf16, its nn.Linear's
+    products in shapes that recur. The model's parameters, repr and
+    state_dict stay the same. Returns `model`."""
+    keep_freed_memory()
+    poll_less()
+    return tune_model(model, plan)
+
+
+def tune_model(model, plan):
+    """`model`, in place, as CPU ranks run it where `plan` says so
+    (plan.fused_dropout, plan.split_products): its nn.Dropout (and ReLU then
+    dropout) in one pass, and in bf16 its nn.Linear's products in shapes
+    that recur. Returns `model`."""
+    # Here, not at the top: the rest of this module loads without torch.
+    from . import dropout, products
+
+    if plan.fused_dropout:
+        dropout.fuse_dropout(model)
+    if plan.split_products:
+        products.split_products(model)
+    return model
 
 
 def keep_freed_memory():

@@ -18,14 +18,14 @@ def synthetic(tmp_path_factory):
 
     def make(name, *args):
         if name not in made:
-            import gbrun
+            import gbrun.datasets
 
             out = tmp_path_factory.mktemp("data") / name
             made[name] = make_synthetic(out, *args)
             # GraphBolt preprocesses a dataset on its first load, writing
             # into its directory: done here once, so that runs side by side
             # never race to write it.
-            gbrun.load_dataset(made[name])
+            gbrun.datasets.load_dataset(made[name])
         return made[name]
 
     return make
@@ -68,9 +68,9 @@ def multi_label_dataset(tmp_path_factory):
     ondisk.write_ondisk_dataset(
         out, np.stack([src, dst]), features, labels, train, val, test,
         extra_features={"degree": np.log1p(degree)})
-    import gbrun
+    import gbrun.datasets
 
-    gbrun.load_dataset(out)  # preprocessed once, here
+    gbrun.datasets.load_dataset(out)  # preprocessed once, here
     return out
 
 

@@ -3,6 +3,7 @@ paths, runners for node_classification.py and its copies (each in a session
 of its own, killed with its ranks at the end), a real gloo process group
 for in-process checks, and docs/customising.md's diffs applied to a copy.
 Everything runs on CPU ranks with the gloo backend."""
+import dataclasses
 import os
 import re
 import select
@@ -314,3 +315,18 @@ def run_gloo_group(fn, world_size, tmp_path, *args, timeout=120):
             process.join()
     return [torch.load(tmp_path / f"{rank}.pt") for rank in range(world_size)]
 
+
+
+def cpu_plan(args, world_size=1):
+    """The plan of `world_size` CPU ranks launched here with `args` (the
+    example's load_job and run() take one)."""
+    from gbrun import launch
+
+    gpus = ",".join(str(i) for i in range(world_size))
+    return launch.plan_run(args, gpus, 0, {}, dataclasses.replace(
+        launch.detect_machine(args.precision), cuda=False))
+
+
+def with_plan(args, world_size=1):
+    """(args, cpu_plan(args, world_size)): what the example's load_job takes."""
+    return args, cpu_plan(args, world_size)

@@ -143,7 +143,7 @@ def test_a_rank_that_fails_before_training_prints_its_own_cause(capsys):
     # the download of ogbn-products). torch 2.2 keeps device ids in 8 bits:
     # set_device(999) wraps around to a negative id and does nothing.
     args = nc.parse_args(["--gpu=100", "--mode", "cuda-cuda"])
-    plan = launch.plan_run(args, {}, launch.Machine(True, True, 128, 2))
+    plan = launch.plan_run(args, args.gpu, args.num_workers, {}, launch.Machine(True, True, 128, 2))
     with pytest.raises(Exception):
         launch.run_rank(0, nc.run, plan, args, None)
     error = capsys.readouterr().err
@@ -212,7 +212,7 @@ def test_every_feature_the_model_reads_is_cached_and_stored_in_bf16(
     assert set(cached.keys()) == {("node", None, "feat"),
                                   ("node", None, "degree")}
     dataset = types.SimpleNamespace(feature=store)
-    gbrun.store_in_bf16(dataset, ["feat", "degree"])
+    gbrun.datasets.store_in_bf16(dataset, ["feat", "degree"])
     assert [store.read("node", None, k).dtype for k in ("feat", "degree",
                                                         "label")] == [
         torch.bfloat16, torch.bfloat16, torch.float32]

@@ -13,8 +13,9 @@ import pytest
 import torch
 import yaml
 
-import gbrun
+import gbrun.checkpoint
 from helpers import (
+    cpu_plan,
     EDITS,
     NO_GPU,
     SCRIPT,
@@ -43,10 +44,10 @@ class Predictions:
 
     def __init__(self, module, dataset, checkpoint_dir):
         args = module.parse_args(["--dataset", dataset, "--fanout", "-1,-1,-1"])
-        self.module, self.job = module, module.load_job(args, 1)
+        self.module, self.job = module, module.load_job(args, cpu_plan(args, 1))
         self.model = module.create_model(self.job.in_size, self.job.num_classes)
         self.model.load_state_dict(torch.load(
-            os.path.join(checkpoint_dir, gbrun.MODEL_FILE), weights_only=True))
+            os.path.join(checkpoint_dir, gbrun.checkpoint.MODEL_FILE), weights_only=True))
         self.model.eval()
 
     def __call__(self, split, size):
@@ -184,7 +185,7 @@ def test_a_cosine_schedule_resumed_after_sigterm_is_exact(
         (common, {**NO_GPU, "TEST_SIGTERM_AT_CHECK": "10"}), script=cosine)
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
-    checkpoint = torch.load(tmp_path / "c" / gbrun.CHECKPOINT_FILE,
+    checkpoint = torch.load(tmp_path / "c" / gbrun.checkpoint.CHECKPOINT_FILE,
                             weights_only=True)
     assert (checkpoint["epoch"], checkpoint["step"]) == (1, 4)
     # The schedule's state is saved: epoch 1 runs at lr 0.00075.
@@ -208,7 +209,7 @@ def test_macro_f1_is_exact_over_ranks_one_without_items(tmp_path, short_runs):
                      run.stdout, re.M), run.stdout
     assert re.search(r"^Test Macro-F1 \d\.\d{4}$", run.stdout, re.M)
     records = [json.loads(line) for line in
-               open(out / "logs" / gbrun.METRICS_FILE)]
+               open(out / "logs" / gbrun.checkpoint.METRICS_FILE)]
     reported = [records[0]["val_macro-f1"], records[1]["test_macro-f1"]]
 
     # The same model over every validation and test node, in this process.
@@ -275,7 +276,7 @@ def test_multi_label_with_the_best_model_kept_across_a_resume(
 
     def saved(run):
         best = torch.load(tmp_path / run / "best.pt", weights_only=True)
-        kept = torch.load(tmp_path / run / gbrun.CHECKPOINT_FILE,
+        kept = torch.load(tmp_path / run / gbrun.checkpoint.CHECKPOINT_FILE,
                           weights_only=True)["kept"]
         return best, kept
 
@@ -317,7 +318,7 @@ def test_auroc_is_exact_over_ranks_one_without_items_on_two_features(
     assert run.returncode == 0, run.stderr[-3000:]
     assert re.search(r"^Test AUROC \d\.\d{4}$", run.stdout, re.M), run.stdout
     records = [json.loads(line) for line in
-               open(out / "logs" / gbrun.METRICS_FILE)]
+               open(out / "logs" / gbrun.checkpoint.METRICS_FILE)]
     reported = [records[0]["val_auroc"], records[1]["test_auroc"]]
 
     import torchmetrics

@@ -3,13 +3,13 @@
 GraphBolt (dgl 2.1.0) decides whether to preprocess a dataset again by
 hashing its files under their paths as given, so `data/x`, `../data/x`, an
 absolute path or a symlink each made it rebuild `preprocessed/`.
-gbrun.load_dataset hands it the real path instead.
+gbrun.datasets.load_dataset hands it the real path instead.
 """
 import os
 
 import numpy as np
 
-import gbrun
+import gbrun.datasets
 from gbrun import ondisk
 
 
@@ -37,7 +37,7 @@ def test_one_dataset_under_four_spellings_is_preprocessed_once(tmp_path, monkeyp
     os.symlink(dataset, tmp_path / "link")
 
     monkeypatch.chdir(tmp_path)
-    gbrun.load_dataset("data/x")
+    gbrun.datasets.load_dataset("data/x")
     first = preprocessed_files(dataset)
     assert any(name.endswith("metadata.yaml") for name in first), first
 
@@ -45,7 +45,7 @@ def test_one_dataset_under_four_spellings_is_preprocessed_once(tmp_path, monkeyp
                  (".", "./data//x/")]
     for cwd, spelling in spellings:
         monkeypatch.chdir(tmp_path / cwd)
-        loaded = gbrun.load_dataset(spelling)
+        loaded = gbrun.datasets.load_dataset(spelling)
         assert len(loaded.tasks[0].train_set) == 120
         assert preprocessed_files(dataset) == first, (
             f"loading {spelling!r} from {cwd}/ rewrote preprocessed/"

@@ -15,7 +15,8 @@ def plan(argv, cuda=False, num_gpus=0, cores=2, env=None, dgl_cuda=None,
     # By default DGL can use CUDA exactly when torch can.
     dgl_cuda = cuda if dgl_cuda is None else dgl_cuda
     machine = Machine(cuda, dgl_cuda, num_gpus, cores, gpu_bf16)
-    return plan_run(parse_args(argv), env or {}, machine)
+    args = parse_args(argv)
+    return plan_run(args, args.gpu, args.num_workers, env or {}, machine)
 
 
 def test_auto_without_cuda_is_cpu_ranks_with_gloo_and_a_notice():
@@ -187,7 +188,7 @@ def test_bf16_autocasts_only_where_the_device_computes_bf16():
     assert any("no bfloat16 instructions" in line for line in p.notices)
     machine = Machine(False, False, 0, 2, cpu_bf16=True)
     args = parse_args(["--precision", "bf16"])
-    assert plan_run(args, {}, machine).autocast
+    assert plan_run(args, args.gpu, args.num_workers, {}, machine).autocast
     assert plan(["--precision", "bf16"], cuda=True, num_gpus=1).autocast
     assert not plan([]).autocast
 
@@ -200,7 +201,9 @@ TRAINER_1_OF_MACHINE_1 = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
 def trainer_plan(argv, cuda=False, num_gpus=0, dgl_cuda=None, env=None):
     dgl_cuda = cuda if dgl_cuda is None else dgl_cuda
     machine = Machine(cuda, dgl_cuda, num_gpus, 8)
-    return plan_run(parse_args(argv), env or TRAINER_1_OF_MACHINE_1, machine,
+    args = parse_args(argv)
+    return plan_run(args, args.gpu, args.num_workers,
+                    env or TRAINER_1_OF_MACHINE_1, machine,
                     distributed=True)
 
 

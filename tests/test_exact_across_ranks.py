@@ -1,7 +1,7 @@
 """The distributed contracts the example relies on, checked on real gloo
 process groups: how DistributedItemSampler shards items, and that
 weighted_reduce, evaluate and a torchmetrics AUROC (with
-gbrun.gather_all_tensors) are exact when ranks hold different numbers of
+gbrun.metrics.gather_all_tensors) are exact when ranks hold different numbers of
 items (including none). The passing pieces share one 4-rank group: most of
 a group's time is its processes' start-up."""
 import types
@@ -119,10 +119,7 @@ def _evaluate_uneven(rank):
     # set is empty.
     batches = [[batch([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]], [0, 1, 1])], [],
                [], []]
-    state = types.SimpleNamespace(
-        device=torch.device("cpu"), autocast=False,
-        batches=lambda loader, name: iter(loader))
-    return evaluate(Wrapped(), batches[rank], 2, state, "x").item()
+    return evaluate(Wrapped(), batches[rank], 2, torch.device("cpu")).item()
 
 
 @pytest.mark.slow
@@ -133,11 +130,12 @@ def test_evaluate_is_exact_when_a_rank_has_no_items(pieces):
 def _auroc(rank, sync):
     import torchmetrics
 
-    import gbrun
+    import gbrun.graphbolt
+    import gbrun.metrics
 
     torch.manual_seed(0)
     scores, labels = torch.randn(30, 4), torch.arange(30) % 4
-    kwargs = {"dist_sync_fn": gbrun.gather_all_tensors} if sync else {}
+    kwargs = {"dist_sync_fn": gbrun.metrics.gather_all_tensors} if sync else {}
     auroc = torchmetrics.classification.MulticlassAUROC(4, **kwargs)
     if rank == 0:  # the other ranks have no items
         auroc.update(scores, labels)
@@ -150,7 +148,7 @@ def _auroc(rank, sync):
 def test_auroc_over_ranks_some_without_items(pieces, tmp_path):
     # torchmetrics' own gather gives an empty rank a 1-D float32
     # placeholder against rank 0's [30, 4] scores and int64 labels: gloo
-    # aborts the job. gbrun.gather_all_tensors gathers alike on every rank.
+    # aborts the job. gbrun.metrics.gather_all_tensors gathers alike on every rank.
     exact = pieces[0]["auroc"][1]
     assert [piece["auroc"][0] for piece in pieces] == pytest.approx(
         [exact] * 4, abs=1e-7)

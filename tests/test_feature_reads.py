@@ -9,7 +9,7 @@ import gbrun
 import gbrun.batches
 import gbrun.placement
 import node_classification as nc
-from helpers import run_gloo_group
+from helpers import cpu_plan, run_gloo_group
 
 
 def _read_both_ways(rank, dataset_dir):
@@ -20,8 +20,8 @@ def _read_both_ways(rank, dataset_dir):
 
     args = nc.parse_args(["--dataset", dataset_dir, "--batch-size", "64",
                           "--fanout", "5,5,5"])
-    job = nc.load_job(args, 1)
-    _, placed = gbrun.place_dataset(job.dataset, "cpu", torch.device("cpu"),
+    job = nc.load_job(args, cpu_plan(args, 1))
+    _, placed = gbrun.placement.place_graph(job.dataset, "cpu", torch.device("cpu"),
                                     0, nc.FEATURE_KEYS)
     graphbolt_reads = [0]
     graphbolt_read = torch_store.index_select

@@ -18,13 +18,18 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import gbrun
+import gbrun.cli
+import gbrun.datasets
+import gbrun.graphbolt
+import gbrun.placement
 import gbrun.checkpoint
+import gbrun.progress
 import gbrun.batches
 import gbrun.launch as launch
 import gbrun.stop
 import node_classification as nc
 from helpers import (
+    cpu_plan,
     FAKE_CUDA, NO_GPU, REPO, SCRIPTS, reported_test_accuracy, run_gloo_group,
 )
 
@@ -55,14 +60,18 @@ def same_device_collectives(monkeypatch, module):
 
 def test_collectives_keep_every_tensor_on_the_ranks_device(monkeypatch):
     # save_stop: the loss sums are gathered where they were summed.
-    gathered = same_device_collectives(monkeypatch, gbrun.checkpoint)
-    monkeypatch.setattr(gbrun.checkpoint, "barrier", lambda device: None)
-    job = gbrun.Job(None, (), 4, 2, [2], {}, None, 0)
-    args = nc.parse_args([])
-    stop = types.SimpleNamespace(signum=signal.SIGTERM)
-    state = gbrun.RunState(1, args, job, stop, META, False, {})
-    assert state.save_stop(1, 3, torch.tensor(2.5, device=META), 192) == (
-        signal.SIGTERM)
+    gathered = same_device_collectives(monkeypatch, gbrun.progress)
+    monkeypatch.setattr(gbrun.progress, "barrier", lambda device: None)
+    progress = object.__new__(gbrun.progress.Progress)
+    progress.rank, progress.world_size, progress.device = 1, 2, META
+    progress.stop = types.SimpleNamespace(signum=signal.SIGTERM)
+    progress.start = gbrun.checkpoint.Start(None, 0, 2, None, None, None, {})
+    batches = types.SimpleNamespace(
+        loss_sum=torch.tensor(2.5, device=META), num_items=192, epoch=1,
+        step=3, check_added=lambda: None)
+    with pytest.raises(gbrun.stop.Stopped) as stopped:
+        progress.save_stop(batches)
+    assert stopped.value.signum == signal.SIGTERM
     # The stop flag, and the example's weighted reduce.
     flags = same_device_collectives(monkeypatch, gbrun.stop)
     gbrun.stop._Flag(0, META)
@@ -89,16 +98,16 @@ def test_files_saved_by_gpu_ranks_load_without_cuda(
     # Files whose tensors are tagged cuda:0, as torch.save writes them from
     # a GPU rank, loaded the ways the project loads files, with no GPU.
     trained, out = reference_run
-    model = torch.load(out / "ckpt" / gbrun.MODEL_FILE, weights_only=True)
-    checkpoint = torch.load(out / "ckpt" / gbrun.CHECKPOINT_FILE,
+    model = torch.load(out / "ckpt" / gbrun.checkpoint.MODEL_FILE, weights_only=True)
+    checkpoint = torch.load(out / "ckpt" / gbrun.checkpoint.CHECKPOINT_FILE,
                             weights_only=True)
     monkeypatch.setattr(torch.serialization, "location_tag",
                         lambda storage: "cuda:0")
     (tmp_path / "ckpt").mkdir()
-    model_file = str(tmp_path / "ckpt" / gbrun.MODEL_FILE)
+    model_file = str(tmp_path / "ckpt" / gbrun.checkpoint.MODEL_FILE)
     gbrun.checkpoint.save_atomically(model, model_file)
     gbrun.checkpoint.save_atomically(
-        checkpoint, str(tmp_path / "ckpt" / gbrun.CHECKPOINT_FILE))
+        checkpoint, str(tmp_path / "ckpt" / gbrun.checkpoint.CHECKPOINT_FILE))
     monkeypatch.undo()
 
     def python(code, *argv):
@@ -139,7 +148,7 @@ def _slow_first_load(rank, out_dir):
     mp.set_sharing_strategy("file_system")
     env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
     args = nc.parse_args([])
-    plan = launch.plan_run(args, env, launch.Machine(False, False, 0, 2))
+    plan = launch.plan_run(args, args.gpu, args.num_workers, env, launch.Machine(False, False, 0, 2))
     plan = dataclasses.replace(
         plan, load_timeout=datetime.timedelta(seconds=60))
     dist.init_process_group(
@@ -200,7 +209,7 @@ def _loader_cuda_calls(rank, dataset_dir):
     options = {}
     for storage in ("cpu", "pinned", "cuda"):
         device = torch.device("cuda:1")
-        options[storage] = gbrun.graphbolt_options(device, storage)
+        options[storage] = gbrun.graphbolt.graphbolt_options(device, storage)
     nc.create_dataloader(dataset.graph, dataset.feature,
                          dataset.tasks[0].train_set, torch.device("cuda:1"),
                          "cpu", True, args, [5, 5, 5])
@@ -257,8 +266,8 @@ def _host_reads_per_step(rank, dataset_dir):
                           "1", "--batch-size", "64", "--fanout", "5,5,5",
                           "--max-batches", "5", "--seed", "1",
                           "--no-fused-dropout"])
-    plan = launch.plan_run(args, {}, launch.Machine(False, False, 0, 2))
-    job = nc.load_job(args, 2)
+    plan = launch.plan_run(args, args.gpu, args.num_workers, {}, launch.Machine(False, False, 0, 2))
+    job = nc.load_job(args, cpu_plan(args, 2))
     reads, inside = [], [None]  # the training pass whose step runs now
     batches_iter = gbrun.batches.Batches.__iter__
 
@@ -288,7 +297,8 @@ def _host_reads_per_step(rank, dataset_dir):
     counted(torch.cuda, "synchronize")
     counted(torch.cuda.Event, "synchronize")
     nc.dist.init_process_group = lambda **kwargs: None  # the group exists
-    nc.run(rank, plan, args, job, gbrun.stop.StopSignal(torch.device("cpu"), None))
+    gbrun.stop.install(torch.device("cpu"), None)
+    nc.run(rank, plan, args, job)
     return reads
 
 
@@ -304,14 +314,14 @@ def test_a_training_step_reads_the_host_once_for_the_stop_flag_before(
 
 
 def test_a_refused_pin_is_one_line(small_dataset, monkeypatch):
-    dataset = gbrun.load_dataset(small_dataset)
+    dataset = gbrun.datasets.load_dataset(small_dataset)
 
     def refused():
         raise AssertionError  # what dgl 2.1.0 raises: a bare assert
 
     monkeypatch.setattr(dataset.graph, "pin_memory_", refused)
-    with pytest.raises(gbrun.UsageError) as refusal:
-        gbrun.place_dataset(dataset, "pinned", torch.device("cuda:0"), 0,
+    with pytest.raises(gbrun.cli.UsageError) as refusal:
+        gbrun.placement.place_graph(dataset, "pinned", torch.device("cuda:0"), 0,
                             "feat")
     message = str(refusal.value)
     assert "pinning the graph and features in host memory failed" in message

@@ -15,7 +15,8 @@ import torch
 from helpers import BENCHMARKS, REPO, run_gloo_group
 
 import benchmark
-import gbrun
+import gbrun.products
+import gbrun.tuning
 import gbrun.launch
 import node_classification as nc
 
@@ -114,9 +115,10 @@ import torch
 
 linear = torch.nn.Linear(64, 128)
 if sys.argv[3:] == ["split"]:
-    import gbrun
-    gbrun.keep_freed_memory()
-    gbrun.split_products(linear)
+    import gbrun.products
+    import gbrun.tuning
+    gbrun.tuning.keep_freed_memory()
+    gbrun.products.split_products(linear)
     assert os.environ[gbrun.tuning.ONEDNN_CACHE] == "64"
 
 def step(rows):
@@ -170,12 +172,12 @@ def test_poll_less_slows_the_prefetch_polling_to_1_ms(prefetcher_intervals):
     # The reason for poll_less: the installed torchdata polls every 0.1 ms.
     assert prefetcher.PRODUCER_SLEEP_INTERVAL < 0.001
     assert prefetcher.CONSUMER_SLEEP_INTERVAL < 0.001
-    gbrun.poll_less()
+    gbrun.tuning.poll_less()
     assert prefetcher.PRODUCER_SLEEP_INTERVAL == 0.001
     assert prefetcher.CONSUMER_SLEEP_INTERVAL == 0.001
     # It never shortens a longer interval.
     prefetcher.PRODUCER_SLEEP_INTERVAL = 0.01
-    gbrun.poll_less()
+    gbrun.tuning.poll_less()
     assert prefetcher.PRODUCER_SLEEP_INTERVAL == 0.01
 
 

@@ -4,11 +4,15 @@ metrics and model.pt; checkpoints record the precision."""
 import pytest
 import torch
 
-import gbrun
+import gbrun.checkpoint
+import gbrun.datasets
+import gbrun.dropout
+import gbrun.products
 import gbrun.launch as launch
 import gbrun.stop
 import node_classification as nc
 from helpers import (
+    cpu_plan, with_plan,
     NO_GPU,
     REFERENCE,
     epoch_lines,
@@ -21,14 +25,14 @@ from helpers import (
 
 def test_the_ranks_get_the_features_in_bf16_converted_once(small_dataset):
     args = nc.parse_args(["--dataset", small_dataset, "--precision", "bf16"])
-    job = nc.load_job(args, 1)
-    feat = job.dataset.feature.read(*gbrun.node_key(nc.FEATURE_KEYS[0]))
+    job = nc.load_job(args, cpu_plan(args, 1))
+    feat = job.dataset.feature.read(*gbrun.datasets.node_key(nc.FEATURE_KEYS[0]))
     assert feat.dtype == torch.bfloat16
-    fp32 = nc.load_job(nc.parse_args(["--dataset", small_dataset]), 1)
-    exact = fp32.dataset.feature.read(*gbrun.node_key(nc.FEATURE_KEYS[0]))
+    fp32 = nc.load_job(*with_plan(nc.parse_args(["--dataset", small_dataset])))
+    exact = fp32.dataset.feature.read(*gbrun.datasets.node_key(nc.FEATURE_KEYS[0]))
     assert exact.dtype == torch.float32
     assert torch.allclose(feat.float(), exact, rtol=1e-2, atol=1e-3)
-    assert job.config["precision"] == "bf16"
+    assert job.start.key["precision"] == "bf16"
 
 
 @pytest.mark.slow
@@ -47,7 +51,7 @@ def test_bf16_trains_as_well_as_fp32_and_saves_an_fp32_model(
     # Seeds 1-3 gave 0.892-0.902 in fp32 (README); chance is 0.1.
     assert results["bf16"] > 0.8, results
     assert abs(results["bf16"] - results["fp32"]) < 0.05, results
-    state = torch.load(tmp_path / "bf16" / gbrun.MODEL_FILE, weights_only=True)
+    state = torch.load(tmp_path / "bf16" / gbrun.checkpoint.MODEL_FILE, weights_only=True)
     assert {tensor.dtype for tensor in state.values()} == {torch.float32}
     model = nc.create_model(32, 10)
     model.load_state_dict(state)
@@ -68,8 +72,8 @@ def _autocast_run(rank, dataset_dir, log_dir):
          "--log-dir", log_dir]
     )
     machine = launch.Machine(False, False, 0, 1, cpu_bf16=True)
-    plan = launch.plan_run(args, {}, machine)
-    job = nc.load_job(args, 1)
+    plan = launch.plan_run(args, args.gpu, args.num_workers, {}, machine)
+    job = nc.load_job(args, cpu_plan(args, 1))
     forwards, grads, models, create_model = [], set(), [], nc.create_model
 
     def recorded_model(*sizes):
@@ -83,10 +87,10 @@ def _autocast_run(rank, dataset_dir, log_dir):
 
     nc.create_model = recorded_model
     nc.dist.init_process_group = lambda **kwargs: None  # the group exists
-    nc.run(rank, plan, args, job,
-           gbrun.stop.StopSignal(torch.device("cpu"), None))
+    gbrun.stop.install(torch.device("cpu"), None)
+    nc.run(rank, plan, args, job)
     records = [json.loads(line)
-               for line in open(f"{log_dir}/{gbrun.METRICS_FILE}")]
+               for line in open(f"{log_dir}/{gbrun.checkpoint.METRICS_FILE}")]
     linears = {type(module) for module in models[0].modules()
                if isinstance(module, torch.nn.Linear)}
     relu_dropouts = {type(module) for module in models[0].modules()
@@ -109,7 +113,7 @@ def test_autocast_runs_the_model_in_bf16_with_fp32_gradients(
         [(False, torch.bfloat16, torch.bfloat16)] * 4), forwards
     assert grads == {torch.float32}
     assert 0 < records[0]["loss"] < 10 and "test_accuracy" in records[1]
-    # Its products split into recurring shapes (gbrun.split_products), and
-    # its ReLU then dropout in one pass (gbrun.fuse_dropout).
+    # Its products split into recurring shapes (gbrun.products.split_products), and
+    # its ReLU then dropout in one pass (gbrun.dropout.fuse_dropout).
     assert linears == {gbrun.products.Linear}
     assert relu_dropouts == {gbrun.dropout.ReLUDropout}

@@ -13,11 +13,13 @@ import time
 import pytest
 import torch
 
-import gbrun
+import gbrun.batches
+import gbrun.cli
 import gbrun.checkpoint
 import gbrun.stop
 
 from helpers import (
+    cpu_plan,
     NO_GPU,
     REFERENCE,
     SCRIPT,
@@ -69,11 +71,11 @@ def test_killed_run_resumes_from_its_last_checkpoint(small_dataset, tmp_path):
 
     # The checkpoint of epoch 0 is there and loads; the model has no DDP
     # prefixes.
-    checkpoint = torch.load(ckpt / gbrun.CHECKPOINT_FILE, weights_only=True)
+    checkpoint = torch.load(ckpt / gbrun.checkpoint.CHECKPOINT_FILE, weights_only=True)
     assert checkpoint["epoch"] == 1 and checkpoint["seed"] == 5
     assert checkpoint["config"]["fanout"] == [5, 5, 5]
     assert not any(k.startswith("module.") for k in checkpoint["model"])
-    assert not os.path.exists(ckpt / gbrun.MODEL_FILE)
+    assert not os.path.exists(ckpt / gbrun.checkpoint.MODEL_FILE)
 
     # Without --seed: the checkpoint's seed continues the run.
     at = common.index("--seed")
@@ -94,11 +96,11 @@ def test_killed_run_resumes_from_its_last_checkpoint(small_dataset, tmp_path):
 
     # The final model loads into the example's model as is.
     model = nc.create_model(32, 10)
-    model.load_state_dict(torch.load(ckpt / gbrun.MODEL_FILE, weights_only=True))
+    model.load_state_dict(torch.load(ckpt / gbrun.checkpoint.MODEL_FILE, weights_only=True))
 
     # metrics.jsonl: epoch 0 from the killed run, 1 and the test result
     # from the resumed one.
-    records = [json.loads(line) for line in open(logs / gbrun.METRICS_FILE)]
+    records = [json.loads(line) for line in open(logs / gbrun.checkpoint.METRICS_FILE)]
     assert [r.get("epoch") for r in records] == [0, 1, None]
     assert set(records[0]) == {
         "epoch", "loss", "metric", "val_accuracy", "epoch_time",
@@ -141,7 +143,7 @@ def check_stopped(run, ckpt):
     """The checkpoint of a run that SIGTERM stopped."""
     assert run.returncode == 128 + signal.SIGTERM, run.stderr[-2000:]
     assert "failed" not in run.stderr
-    return torch.load(ckpt / gbrun.CHECKPOINT_FILE, weights_only=True)
+    return torch.load(ckpt / gbrun.checkpoint.CHECKPOINT_FILE, weights_only=True)
 
 
 def stopped_at_check(check, args, ckpt):
@@ -308,7 +310,7 @@ def test_real_signals_stop_every_rank_at_a_checkpoint(signalled_runs):
         run, ckpt = signalled_runs[name]
         assert run.returncode == 128 + signum, (name, run.stderr[-2000:])
         assert "failed" not in run.stderr and "Traceback" not in run.stderr
-        checkpoint = torch.load(ckpt / gbrun.CHECKPOINT_FILE,
+        checkpoint = torch.load(ckpt / gbrun.checkpoint.CHECKPOINT_FILE,
                                 weights_only=True)
         epoch, step = checkpoint["epoch"], checkpoint["step"]
         # After epoch 0's line; or, signalled at start-up, inside epoch 0
@@ -425,18 +427,18 @@ def make_checkpoint(directory, dataset_dir, position=(), **changes):
     import node_classification as nc
 
     args = nc.parse_args(["--dataset", dataset_dir, "--fanout", "5,5,5"])
-    job = nc.load_job(args, 1)
+    job = nc.load_job(args, cpu_plan(args, 1))
     model = nc.create_model(job.in_size, job.num_classes)
     optimizer = torch.optim.Adam(model.parameters())
     epoch, step, partial = position or (1, 0, None)
     checkpoint = {
         "model": model.state_dict(), "optimizer": optimizer.state_dict(),
         "epoch": epoch, "step": step, "partial": partial, "seed": 9,
-        "config": {key: value for key, value in {**job.config, **changes}.items()
+        "config": {key: value for key, value in {**job.start.key, **changes}.items()
                    if value is not DROPPED},
     }
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, gbrun.CHECKPOINT_FILE)
+    path = os.path.join(directory, gbrun.checkpoint.CHECKPOINT_FILE)
     gbrun.checkpoint.save_atomically(checkpoint, path)
     return path
 
@@ -481,7 +483,7 @@ def test_resume_refuses_what_it_cannot_continue(small_dataset, tmp_path, capsys,
 
     os.makedirs(tmp_path / "partial")
     torch.save({"model": {}, "epoch": 1},
-               tmp_path / "partial" / gbrun.CHECKPOINT_FILE)
+               tmp_path / "partial" / gbrun.checkpoint.CHECKPOINT_FILE)
     assert "(KeyError: 'no config, optimizer, seed')" in resume_error(
         capsys, small_dataset, tmp_path / "partial")
 
@@ -493,6 +495,12 @@ def test_resume_refuses_what_it_cannot_continue(small_dataset, tmp_path, capsys,
     make_checkpoint(tmp_path / "older", small_dataset, precision=DROPPED)
     assert "another precision (None then, 'fp32' now)" in (
         resume_error(capsys, small_dataset, tmp_path / "older"))
+
+    # So is the dropout that ran: torch's and the fused kernel draw other
+    # masks (the kernel builds here, as tests/test_fused_dropout.py needs).
+    make_checkpoint(tmp_path / "fused", small_dataset)
+    assert "another dropout ('fused' then, 'torch' now)" in resume_error(
+        capsys, small_dataset, tmp_path / "fused", "--no-fused-dropout")
 
     make_checkpoint(tmp_path / "seeded", small_dataset)
     assert "--seed 4: the checkpoint was made with --seed 9" in resume_error(
@@ -574,7 +582,8 @@ def test_resume_restores_optimizer_and_scheduler_as_saved():
     # scheduler had reached, not --lr (a cosine schedule resumed at --lr ran
     # its second epoch at the wrong rate).
     import node_classification as nc
-    from gbrun.checkpoint import Job, RunState, cpu_state
+    from gbrun.checkpoint import cpu_state
+    from gbrun.progress import restore
 
     def states(lr):
         model = nc.SAGE(4, 8, 2)
@@ -588,12 +597,9 @@ def test_resume_restores_optimizer_and_scheduler_as_saved():
     scheduler.step()
     saved = {"model": cpu_state(model), "optimizer": cpu_state(optimizer),
              "scheduler": cpu_state(scheduler), "epoch": 1, "step": 0}
-    job = Job(None, (), 4, 2, [2, 2, 2], {}, saved, None)
-    args = nc.parse_args(["--epochs", "4"])
     again, again_optimizer, again_scheduler = states(0.5)
-    RunState(1, args, job, None, torch.device("cpu"), False,
-             {"model": again, "optimizer": again_optimizer,
-              "scheduler": again_scheduler})
+    restore({"model": again, "optimizer": again_optimizer,
+             "scheduler": again_scheduler}, saved, "ck")
     assert again_optimizer.param_groups[0]["lr"] == pytest.approx(
         0.001 * (1 + math.cos(math.pi / 4)) / 2)
     assert again_scheduler.last_epoch == 1
@@ -604,21 +610,19 @@ def test_resume_restores_optimizer_and_scheduler_as_saved():
         saved["optimizer"]["state"][0]["exp_avg"])
     # The example's own values come back too, on every rank, as copies.
     saved["kept"] = {"best": 0.75, "ema": {"w": torch.ones(2)}}
-    state = RunState(1, args, job, None, torch.device("cpu"), False,
-                     {"model": again})
-    assert state.kept["best"] == 0.75 and state.kept.keys() == {"best", "ema"}
-    assert torch.equal(state.kept["ema"]["w"], torch.ones(2))
-    assert state.kept["ema"]["w"] is not saved["kept"]["ema"]["w"]
+    kept = restore({"model": again}, saved, "ck")
+    assert kept["best"] == 0.75 and kept.keys() == {"best", "ema"}
+    assert torch.equal(kept["ema"]["w"], torch.ones(2))
+    assert kept["ema"]["w"] is not saved["kept"]["ema"]["w"]
     # What a checkpoint cannot hold is refused when saving, naming it.
-    state.kept["model"] = again
-    with pytest.raises(TypeError, match=r"state.kept\['model'\] is a SAGE"):
-        gbrun.checkpoint.check_plain(state.kept, "state.kept")
+    kept["model"] = again
+    with pytest.raises(TypeError, match=r"progress.kept\['model'\] is a SAGE"):
+        gbrun.checkpoint.check_plain(kept, "progress.kept")
     # A run with a scheduler refuses a checkpoint without one.
     del saved["scheduler"]
-    with pytest.raises(gbrun.UsageError, match="has no scheduler state"):
-        RunState(1, args, job, None, torch.device("cpu"), False,
-                 {"model": again, "optimizer": again_optimizer,
-                  "scheduler": again_scheduler})
+    with pytest.raises(gbrun.cli.UsageError, match="has no scheduler state"):
+        restore({"model": again, "optimizer": again_optimizer,
+                 "scheduler": again_scheduler}, saved, "ck")
 
 
 def _tiny_batch():
@@ -671,7 +675,7 @@ def _sampled_twice(rank, dataset_dir, threads):
     torch.set_num_threads(threads)
     args = nc.parse_args(["--dataset", dataset_dir, "--batch-size", "64",
                           "--fanout", "5,5,5"])
-    job = nc.load_job(args, 1)
+    job = nc.load_job(args, cpu_plan(args, 1))
     loader = nc.create_dataloader(
         job.dataset.graph, job.dataset.feature, job.item_sets[0],
         torch.device("cpu"), "cpu", True, args, job.fanout,

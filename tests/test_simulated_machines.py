@@ -32,7 +32,8 @@ import pytest
 import torch
 
 from helpers import (
-    DISTRIBUTED, REPO, SCRIPTS, edited_copy, gone, missing_prerequisite,
+    DISTRIBUTED, REPO, SCRIPT, SCRIPTS, edited_copy, gone,
+    missing_prerequisite,
 )
 
 MAIN_SCRIPT = os.path.join(REPO, "node_classification.py")
@@ -379,9 +380,10 @@ def test_partition_outputs(partitions):
     # without them) and labels, in its partitioned order.
     import dgl
 
-    import gbrun
+    import gbrun.datasets
+    import gbrun.distributed
 
-    dataset = gbrun.load_dataset(partitions["dataset"])
+    dataset = gbrun.datasets.load_dataset(partitions["dataset"])
     feat = dataset.feature.read("node", None, "feat")
     label = dataset.feature.read("node", None, "label").reshape(-1)
     train = dataset.tasks[0].train_set[:][0]
@@ -551,6 +553,38 @@ def test_partitions_of_other_keys_are_refused(partitions, tmp_path,
             "(class); the example reads ['feat', 'degree']") in lines[0]
 
 
+@pytest.mark.slow
+def test_a_copy_whose_graphbolt_pipeline_is_edited_is_refused(
+        partitions, tmp_path, monkeypatch, capsys):
+    # The distributed engine loads with DGL's DistNodeDataLoader: an edit of
+    # the GraphBolt pipeline would silently not run there.
+    import dist_node_classification as trainer
+
+    copy = tmp_path / "node_classification.py"
+    text = open(SCRIPT).read()
+    old = "    datapipe = datapipe.sample_neighbor(\n"
+    assert text.count(old) == 1
+    copy.write_text(text.replace(old, "    datapipe = datapipe.sample_layer_neighbor(\n"))
+    ip_config = tmp_path / "ip2.txt"
+    ip_config.write_text("10.0.0.1\n10.0.0.2\n")
+    monkeypatch.setenv("DGL_NUM_SAMPLER", "0")
+    code, lines = run_in_process(
+        monkeypatch, capsys,
+        lambda: trainer.main(["--example", str(copy), "--part-config",
+                              partitions["part_config"], "--ip-config",
+                              str(ip_config)]), ["x"])
+    assert code == 2 and len(lines) == 1, lines
+    assert (f"--example {copy}: its create_dataloader() edits the GraphBolt "
+            "pipeline, which DGL's distributed engine does not run") in lines[0]
+    # The branch for the distributed engine, edited, is the copy's to make.
+    copy.write_text(text.replace("args.batch_size, fanout,\n",
+                                 "args.batch_size // 2, fanout,\n"))
+    assert trainer.graphbolt_pipeline(
+        trainer.cli.load_example(str(copy)).create_dataloader) == (
+        trainer.graphbolt_pipeline(trainer.cli.load_example(
+            SCRIPT).create_dataloader))
+
+
 # --- The example, stopped and resumed on 2 machines x 2 trainers -----------------
 
 # 300 training nodes a trainer: 9 full batches of 32 an epoch.
@@ -581,8 +615,12 @@ def stopped_and_resumed(partitions, tmp_path_factory):
         return None
     out = tmp_path_factory.mktemp("stopped")
     example = edited_copy(out, "cosine", "macro_f1")
-    with open(example, "a") as f:
-        f.write(SLOW_BATCHES)
+    with open(example) as f:
+        text = f.read()
+    # An edit of run(), visible in its output: the trainers run the copy's.
+    text = text.replace('print("Training...")', 'print("Training, edited run()...")')
+    with open(example, "w") as f:
+        f.write(text + SLOW_BATCHES)
     common = [*STOPPED_ARGS, "--example", example, "--checkpoint-dir",
               out / "ckpt", "--log-dir", out / "logs"]
     stopped_dir = out / "stopped"
@@ -610,6 +648,7 @@ def test_the_examples_edits_train_on_two_machines(namespaces,
     code, out, err = stopped_and_resumed["resumed"]
     assert code == 0, err[-3000:]
     assert "Training with 4 trainers." in out
+    assert "Training, edited run()..." in out
     # The edited example's metric, in its full epoch line; the cosine
     # schedule's state came back from the checkpoint.
     epochs = EPOCH_LINE.findall(out)

@@ -1,4 +1,4 @@
-"""gbrun.split_products (gbrun/products.py): under bf16 autocast on the CPU,
+"""gbrun.products.split_products (gbrun/products.py): under bf16 autocast on the CPU,
 nn.Linear's products run in parts whose shapes recur from batch to batch,
 with the gradients of one product; anywhere else nn.Linear runs as it is,
 and the model looks the same."""
@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import gbrun
+import gbrun.products
 import gbrun.launch as launch
 from gbrun.products import MIN_GRAIN, SplitLinear, grain
 
@@ -20,7 +20,7 @@ def split_copy(linear):
     copy = nn.Linear(linear.in_features, linear.out_features,
                      bias=linear.bias is not None)
     copy.load_state_dict(linear.state_dict())
-    return gbrun.split_products(copy)
+    return gbrun.products.split_products(copy)
 
 
 class ProductShapes(TorchDispatchMode):
@@ -115,7 +115,7 @@ def test_the_model_looks_the_same_with_the_same_parameters():
     model = nc.create_model(32, 10)
     parameters = list(model.parameters())
     before = repr(model), {k: v.clone() for k, v in model.state_dict().items()}
-    gbrun.split_products(model)
+    gbrun.products.split_products(model)
     assert repr(model) == before[0]
     assert all(p is q for p, q in zip(model.parameters(), parameters))
     state = model.state_dict()
@@ -138,4 +138,4 @@ def test_the_plan_splits_products_where_cpu_ranks_compute_bf16(
                              cpu_bf16=cpu_bf16)
     args = nc.parse_args(["--mode", mode, "--gpu", "0",
                           "--precision", precision])
-    assert launch.plan_run(args, {}, machine).split_products is split
+    assert launch.plan_run(args, args.gpu, args.num_workers, {}, machine).split_products is split

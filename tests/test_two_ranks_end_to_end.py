@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from helpers import (
+    cpu_plan, with_plan,
     LEARNS_IN_3_EPOCHS,
     REPO,
     SCRIPT,
@@ -62,14 +63,14 @@ def _load_in_turn(rank, dataset):
 
     import torch.multiprocessing as mp
 
-    import gbrun
+    import gbrun.datasets
     import gbrun.launch as launch
     import node_classification as nc
 
     mp.set_sharing_strategy("file_system")  # as launch() does in every rank
     env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "3"}
     args = nc.parse_args(["--dataset", dataset, "--batch-size", "64"])
-    plan = launch.plan_run(args, env, launch.Machine(False, False, 0, 2, False))
+    plan = launch.plan_run(args, args.gpu, args.num_workers, env, launch.Machine(False, False, 0, 2, False))
     if rank == 2:
         # Receivers unpickle one after another: rank 2 only once rank 1 has
         # built its graph and dropped what the pickle carried for it alone.
@@ -78,7 +79,7 @@ def _load_in_turn(rank, dataset):
         launch.pickle = slow
     job = launch.load_job_in_turn(rank, plan, nc.load_job, args)
     tensors = (job.dataset.graph.csc_indptr, job.dataset.graph.indices,
-               job.dataset.feature.read(*gbrun.node_key(nc.FEATURE_KEYS[0])))
+               job.dataset.feature.read(*gbrun.datasets.node_key(nc.FEATURE_KEYS[0])))
     # Asking a private tensor for its file would move it to a new one.
     return [t.untyped_storage()._share_filename_cpu_()[1] for t in tensors]
 
@@ -100,7 +101,7 @@ def test_torchrun_ranks_of_a_node_share_one_copy_of_the_data(
 REPORT_FILES = """
 import sys
 
-import gbrun
+import gbrun.datasets
 import node_classification as nc
 
 train = nc.run  # the example's, in the parent and in each rank
@@ -108,16 +109,16 @@ train = nc.run  # the example's, in the parent and in each rank
 
 def report(who, job):
     tensors = (job.dataset.graph.csc_indptr, job.dataset.graph.indices,
-               job.dataset.feature.read(*gbrun.node_key(nc.FEATURE_KEYS[0])))
+               job.dataset.feature.read(*gbrun.datasets.node_key(nc.FEATURE_KEYS[0])))
     files = [t.untyped_storage()._share_filename_cpu_()[1] for t in tensors]
     # One write, so that the ranks' lines do not interleave.
     sys.stdout.write(f"{who}: {files}\\n")
     sys.stdout.flush()
 
 
-def run(rank, plan, args, job, stop):
+def run(rank, plan, args, job):
     report(f"rank {rank}", job)
-    return train(rank, plan, args, job, stop)
+    return train(rank, plan, args, job)
 
 
 if __name__ == "__main__":
@@ -171,7 +172,7 @@ def test_validation_and_test_sets_smaller_than_one_batch_per_rank(
     import node_classification as nc
 
     args = nc.parse_args(["--dataset", dataset, "--fanout", "-1,-1,-1"])
-    job = nc.load_job(args, 1)
+    job = nc.load_job(args, cpu_plan(args, 1))
     model = nc.create_model(job.in_size, job.num_classes)
     model.load_state_dict(torch.load(out / "model.pt", weights_only=True))
     model.eval()
@@ -274,9 +275,9 @@ def node_features(data):
     return features(data)
 
 
-def raising_run(rank, plan, args, job, stop):
+def raising_run(rank, plan, args, job):
     nc.node_features = node_features  # in each rank
-    return run(rank, plan, args, job, stop)
+    return run(rank, plan, args, job)
 
 
 if __name__ == "__main__":
@@ -590,11 +591,11 @@ def test_the_item_sets_are_the_tasks_own(small_dataset):
     # (a test set built from the validation split trains and reports fine).
     import torch
 
-    import gbrun
+    import gbrun.datasets
     import node_classification as nc
 
-    job = nc.load_job(nc.parse_args(["--dataset", small_dataset]), 1)
-    task = gbrun.load_dataset(small_dataset).tasks[0]
+    job = nc.load_job(*with_plan(nc.parse_args(["--dataset", small_dataset])))
+    task = gbrun.datasets.load_dataset(small_dataset).tasks[0]
     for item_set, split in zip(job.item_sets, (task.train_set,
                                                task.validation_set,
                                                task.test_set)):

@@ -1,0 +1,162 @@
+"""The loop a user edits: each line of train() that exact resume needs
+refuses loudly when it is dropped or misplaced (never a silently inexact
+resume, never an ignored SIGTERM), and train() reaches the package in at
+most 8 lines. Each edit runs the copy's own run() in this process, as the
+only rank of a gloo group, for 3 batches an epoch."""
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from helpers import REPO, SCRIPT, cpu_plan
+
+LOOP_TOUCH = os.path.join(os.path.dirname(REPO), "shared", "tools",
+                          "loop_touch.py")
+SCHEDULED = ("    scheduler = None\n", "    scheduler = "
+             "torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.5)\n")
+STEP_LATE = ('''        if scheduler is not None:
+            scheduler.step()
+''', "", '''                flush=True,
+            )
+''', '''                flush=True,
+            )
+        if scheduler is not None:
+            scheduler.step()
+''')
+# (edit: pairs of old and new text, what the refusal says)
+EDITS = {
+    "no Join": ((
+        "        with Join([model, batches]):\n", "        if True:\n"),
+        r"inside `with Join\(\[model, batches\]\):`"),
+    "Join without the batches": ((
+        "        with Join([model, batches]):\n",
+        "        with Join([model]):\n"),
+        r"inside `with Join\(\[model, batches\]\):`"),
+    "the loader instead of the batches": ((
+        "            for data in batches:\n",
+        "            for data in train_loader:\n"),
+        r"batches\.add\(loss, count\) ran \d+ times in 0 steps"),
+    "no batches.add": ((
+        "                batches.add(loss, y.size(0))\n", ""),
+        r"batches\.add\(loss, count\) ran 0 times in 1 steps of epoch 0"),
+    "a break in the batches": ((
+        "                batches.add(loss, y.size(0))\n",
+        "                batches.add(loss, y.size(0))\n                break\n"),
+        r"save_epoch\(record\) before the epoch's batches were trained to "
+        r"the end"),
+    "no save_epoch": ((
+        "            progress.save_epoch({\n", "            ({\n"),
+        r"train\(\) ended epoch 0 without progress\.save_epoch\(record\)"),
+    "the schedule stepped after save_epoch": (
+        SCHEDULED + STEP_LATE,
+        r"the scheduler changed after progress\.save_epoch\(record\) in "
+        r"epoch 0 \(StepLR\.step\(\) after it\?\)"),
+    "kept changed after save_epoch": ((
+        '''                flush=True,
+            )
+''', '''                flush=True,
+            )
+            progress.kept["last"] = epoch
+'''), r"progress\.kept changed after progress\.save_epoch\(record\)"),
+}
+
+
+def edited(tmp_path, name, replacements):
+    text = open(SCRIPT).read()
+    for old, new in zip(replacements[::2], replacements[1::2]):
+        assert text.count(old) == 1, f"{name}: {old!r}"
+        text = text.replace(old, new)
+    path = tmp_path / "node_classification.py"
+    path.write_text(text)
+    return str(path)
+
+
+def run_in_process(path, argv):
+    """The copy at `path` as the only rank of a gloo group in this process:
+    its load_job, then its run(), as gbrun.launch runs a rank."""
+    from gbrun import cli, launch, stop
+
+    example = cli.load_example(path)
+    args = example.parse_args(argv)
+    plan = cpu_plan(args, 1)
+    job = example.load_job(args, plan)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT,
+                                                 signal.SIGTERM)}
+    stop.install(torch.device("cpu"), None)
+    try:
+        example.run(0, plan, args, job)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_a_dropped_or_misplaced_touch_point_is_refused(
+        edit, tmp_path, small_dataset):
+    replacements, refusal = EDITS[edit]
+    path = edited(tmp_path, edit, replacements)
+    argv = ["--dataset", small_dataset, "--gpu=0", "--epochs", "2",
+            "--batch-size", "64", "--fanout", "5,5,5", "--max-batches", "3",
+            "--seed", "1", "--threads", "1", "--checkpoint-dir",
+            str(tmp_path / "ck")]
+    with pytest.raises(RuntimeError, match=refusal):
+        run_in_process(path, argv)
+
+
+@pytest.mark.slow
+def test_the_unedited_loop_runs_in_process(tmp_path, small_dataset, capsys):
+    # The harness above, on the example as it is: the refusals come from
+    # the edits, not from running a rank in this process.
+    run_in_process(SCRIPT, [
+        "--dataset", small_dataset, "--gpu=0", "--epochs", "2",
+        "--batch-size", "64", "--fanout", "5,5,5", "--max-batches", "3",
+        "--seed", "1", "--threads", "1", "--checkpoint-dir",
+        str(tmp_path / "ck")])
+    printed = capsys.readouterr().out
+    assert printed.count("Epoch 0000") == 2 and "Test Accuracy" in printed
+
+
+@pytest.mark.skipif(not os.path.exists(LOOP_TOUCH),
+                    reason="the shared tools are not beside this checkout")
+def test_train_reaches_the_package_in_at_most_8_lines():
+    counted = subprocess.run([sys.executable, LOOP_TOUCH, SCRIPT],
+                             capture_output=True, text=True, check=True)
+    assert int(counted.stdout.split()[0]) <= 8, counted.stdout
+
+
+@pytest.mark.slow
+def test_the_examples_own_options_can_be_renamed(tmp_path, small_dataset,
+                                                 capsys):
+    # gbrun reads only the options it adds (gbrun.cli.add_run_options): a
+    # copy that renames upstream's own trains, resumes and refuses as before.
+    renames = {"--epochs": "--num-epochs", "--batch-size": "--seeds-per-batch",
+               "--gpu": "--devices", "--num-workers": "--workers",
+               "--lr": "--learning-rate"}
+    text = open(SCRIPT).read()
+    for old, new in renames.items():
+        attribute = lambda option: "args." + option[2:].replace("-", "_")
+        assert f'"{old}"' in text and attribute(old) in text, old
+        text = text.replace(f'"{old}"', f'"{new}"').replace(
+            attribute(old) + ",", attribute(new) + ",").replace(
+            attribute(old) + ")", attribute(new) + ")").replace(
+            attribute(old) + " ", attribute(new) + " ")
+    path = tmp_path / "node_classification.py"
+    path.write_text(text)
+    argv = ["--dataset", small_dataset, "--devices=0", "--num-epochs", "1",
+            "--seeds-per-batch", "64", "--fanout", "5,5,5", "--max-batches",
+            "3", "--seed", "1", "--threads", "1", "--learning-rate", "0.01",
+            "--checkpoint-dir", str(tmp_path / "ck")]
+    run_in_process(str(path), argv)
+    assert "Test Accuracy" in capsys.readouterr().out
+    from gbrun.cli import UsageError
+
+    with pytest.raises(UsageError, match="the checkpoint has already trained"
+                       " 1 epochs; ask for more epochs"):
+        run_in_process(str(path), [*argv, "--resume"])
