@@ -6,7 +6,7 @@ Also the options that differ between GraphBolt releases, told apart by
 signature (never by version strings), and the one place that reads
 GraphBolt's private attributes: an item sampler's shuffling state and its
 batch count, which no public API gives (see seed_item_sampler and
-batches_per_rank, with the releases read). tests/test_graphbolt_internals.py
+batches_per_rank, with the releases read). tests/test_graphbolt_internals_still_exist.py
 fails loudly when a release lacks them.
 """
 import inspect

@@ -227,7 +227,7 @@ def test_macro_f1_is_exact_over_ranks_one_without_items(tmp_path, short_runs):
     assert reported == pytest.approx(exact, abs=1e-6)
 
     # The plot takes the metric's keys from the log (its command line runs
-    # in test_run_outputs.py's test_plot_metrics_names_a_missing_log).
+    # in test_runs_repeat_and_resume_exactly.py's test_plot_metrics_names_a_missing_log).
     import plot_metrics
 
     plot_metrics.main([str(out / "logs"), "--out", str(tmp_path / "f1.png")])

@@ -24,7 +24,7 @@ What runs, and what is compared:
 - A bash block runs with `bash -e -o pipefail`; commands it starts in the
   background (`... &`) are waited for, and a failed one fails the block.
   Commands run with `sudo` need root, iproute2 and util-linux, as
-  tests/test_simulated_machines.py does: skipped without them, failed under
+  tests/test_distributed_trains_on_simulated_machines.py does: skipped without them, failed under
   CI=true. As root, `sudo` runs the command with this environment.
 - Expected output: comment lines in a bash block that show what a command
   prints (OUTPUT_COMMENT: `# wrote ...`, `# Test Accuracy ...`), and a block
@@ -564,7 +564,7 @@ def test_commands_are_in_blocks_that_run():
             assert block.lang in ("bash", "python", "", "text", "diff", "yaml",
                                   "json"), (
                 f"{block.id}: ```{block.lang} blocks are not run by "
-                "tests/test_docs.py; use ```bash, ```python, or ```text for "
+                "tests/test_docs_run_as_written.py; use ```bash, ```python, or ```text for "
                 "text that is not a command"
             )
 
@@ -583,3 +583,13 @@ def test_the_readmes_options_table_is_the_examples_help(capsys):
     table = readme.split("\n## Options\n")[1].strip().split("\n\n")[0]
     documented = set(re.findall(r"^\| `(--[\w-]+)`", table, re.M))
     assert documented == shown, (documented ^ shown)
+
+
+def test_the_tests_map_sends_every_promise_to_a_file_that_exists():
+    # docs/testing.md's map names every test file once, and only those.
+    text = open(os.path.join(REPO, "docs", "testing.md")).read()
+    table = text.split("## Where each promise is checked")[1].split("\n\n")[2]
+    named = re.findall(r"\| `(test_\w+\.py)` \|$", table, re.M)
+    files = sorted(os.path.basename(p) for p in glob.glob(
+        os.path.join(REPO, "tests", "test_*.py")))
+    assert sorted(named) == files
