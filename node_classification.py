@@ -24,9 +24,12 @@ main
 │
 ├───> Parse arguments; plan devices; load the dataset once (load_job)
 │
-└───> run (one process per device, or each torchrun process)
+└───> run (one process per device, each torchrun process, or each trainer
+      │    of distributed/dist_node_classification.py on DGL's engine)
       │
       ├───> Init process group and build distributed model (HIGHLIGHT)
+      │
+      ├───> Progress: restores a resumed run, saves it from now on
       │
       ├───> Get GraphBolt dataloaders with DistributedItemSampler (HIGHLIGHT)
       │
@@ -45,8 +48,8 @@ main
 import argparse
 import time
 
-from gbrun.graphbolt import gb, graphbolt_options  # first: one line if
-# GraphBolt cannot load
+# First: one line, not a traceback, where GraphBolt cannot load.
+from gbrun.graphbolt import gb, graphbolt_options
 from gbrun import checkpoint, cli, datasets, launch, placement, tuning
 from gbrun.distributed import Partitions
 from gbrun.progress import Progress
