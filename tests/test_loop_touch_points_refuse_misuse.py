@@ -29,6 +29,17 @@ STEP_LATE = ('''        if scheduler is not None:
 ''')
 # (edit: pairs of old and new text, what the refusal says)
 EDITS = {
+    "upstream's epochs and loader instead of progress's": ((
+        "    for epoch, batches in progress.epochs(train_loader):\n",
+        "    for epoch in range(args.epochs):\n",
+        "        with Join([model, batches]):\n", "        with Join([model]):\n",
+        "            for data in batches:\n", "            for data in train_loader:\n",
+        "                batches.add(loss, y.size(0))\n", "",
+        "        total_loss, num_train_items = batches.totals()\n",
+        "        total_loss, num_train_items = loss.detach(), 1\n",
+        "                f\"{batches.speed}\",", "                \"\","),
+        r"save_epoch\(record\) before the epoch's batches were trained to "
+        r"the end"),
     "no Join": ((
         "        with Join([model, batches]):\n", "        if True:\n"),
         r"inside `with Join\(\[model, batches\]\):`"),
