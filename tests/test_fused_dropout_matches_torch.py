@@ -317,6 +317,7 @@ print(plan.fused_dropout, bool(asked), "/dropout-" in maps)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, fused", [
     (["--mode", "cpu-cpu"], "True True True"),
     (["--mode", "cpu-cpu", "--no-fused-dropout"], "False False False"),

@@ -171,3 +171,24 @@ def test_the_examples_own_options_can_be_renamed(tmp_path, small_dataset,
     with pytest.raises(UsageError, match="the checkpoint has already trained"
                        " 1 epochs; ask for more epochs"):
         run_in_process(str(path), [*argv, "--resume"])
+
+
+@pytest.mark.slow
+def test_progress_may_be_made_before_or_after_ddp(tmp_path, small_dataset):
+    # No hidden order: Progress saves the model inside DDP as the model
+    # itself (no "module." prefixes), whichever it was handed.
+    text = open(SCRIPT).read()
+    ddp = ("    model = DDP(model, device_ids=[device] if device.type == "
+           "\"cuda\" else None)\n")
+    made = "    progress = Progress(plan, job.start, model=model, optimizer=optimizer,\n"
+    assert text.count(ddp) == 1 and text.count(made) == 1
+    text = text.replace(ddp, "").replace(made, ddp + made)
+    path = tmp_path / "node_classification.py"
+    path.write_text(text)
+    run_in_process(str(path), [
+        "--dataset", small_dataset, "--gpu=0", "--epochs", "1",
+        "--batch-size", "64", "--fanout", "5,5,5", "--max-batches", "2",
+        "--threads", "1", "--checkpoint-dir", str(tmp_path / "ck")])
+    saved = torch.load(tmp_path / "ck" / "checkpoint.pt", weights_only=True)
+    assert saved["model"] and not any(k.startswith("module.")
+                                      for k in saved["model"])
