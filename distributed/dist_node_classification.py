@@ -53,7 +53,7 @@ import ast
 import dataclasses
 import inspect
 
-import gbrun.graphbolt  # first: one line if DGL cannot load
+import gbrun.graphbolt  # noqa: F401 (first: one line if DGL cannot load)
 from gbrun import checkpoint, cli, datasets, launch
 from gbrun.distributed import (
     Partitions, exit_when_clients_are_gone, fail_fast,

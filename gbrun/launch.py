@@ -28,7 +28,7 @@ import torch.multiprocessing as mp
 from torch.multiprocessing.reductions import ForkingPickler
 
 from . import dropout, stop
-from .cli import MODES, UsageError, fail, is_first_process
+from .cli import UsageError, fail, is_first_process
 from .graphbolt import INSTALL_CUDA_DGL
 # How long ranks wait for the first load of the dataset under torchrun (a
 # download and preprocessing of ogbn-papers100M takes hours). That wait runs

@@ -20,6 +20,7 @@ make a resume silently inexact:
                                           # refused
 """
 import copy
+import os
 import time
 
 import torch
@@ -140,7 +141,9 @@ class Progress:
                 "trained to the end: call it after the epoch's loop")
         if self.rank != 0:
             return
-        self._save(batches.epoch + 1, step=0, partial=None)
+        if self.start.checkpoint_dir:
+            self._save(batches.epoch + 1, step=0, partial=None)
+        # What a later step of the schedule or edit of `kept` would change.
         self.saved = dict(self._settings(),
                           kept=cpu_values(copy.deepcopy(self.kept)))
         if self.start.log_dir:
@@ -155,7 +158,7 @@ class Progress:
             return
         if self.start.checkpoint_dir:
             save_atomically(cpu_state(self.states["model"]),
-                            f"{self.start.checkpoint_dir}/{MODEL_FILE}")
+                            os.path.join(self.start.checkpoint_dir, MODEL_FILE))
         if self.start.log_dir:
             append_metrics(self.start.log_dir,
                            {**record, "ranks": self.world_size})
@@ -200,17 +203,16 @@ class Progress:
         return settings
 
     def _save(self, epoch, step, partial):
-        """Writes the checkpoint (where there is a --checkpoint-dir). A stopped run also keeps each rank's loss sum and item
-        count so far (`partial`), for the epoch's average."""
+        """Writes the checkpoint. A stopped run also keeps each rank's loss
+        sum and item count so far (`partial`), for the epoch's average."""
         check_plain(self.kept, "progress.kept")
         checkpoint = {name: cpu_state(obj) for name, obj in self.states.items()}
         checkpoint.update(
             epoch=epoch, step=step, partial=partial, seed=self.start.seed,
-            config=self.start.key, kept=cpu_values(copy.deepcopy(self.kept)),
+            config=self.start.key, kept=cpu_values(self.kept),
         )
-        if self.start.checkpoint_dir:
-            save_atomically(checkpoint, f"{self.start.checkpoint_dir}/"
-                                        f"{CHECKPOINT_FILE}")
+        save_atomically(checkpoint, os.path.join(self.start.checkpoint_dir,
+                                                 CHECKPOINT_FILE))
 
 
 class EpochBatches(Batches, Joinable):
