@@ -109,8 +109,9 @@ class Progress:
                 "checkpoint, which --resume continues from")
         now = self._settings()
         # A scheduler first: its step changes the optimizer's rate too.
-        for name, obj in sorted(self.states.items(), key=lambda item: isinstance(
-                item[1], torch.optim.Optimizer)):
+        optimizers_last = sorted(self.states.items(), key=lambda item:
+                                 isinstance(item[1], torch.optim.Optimizer))
+        for name, obj in optimizers_last:
             if not same(now[name], self.saved[name]):
                 raise RuntimeError(
                     f"the {name} changed after progress.save_epoch(record) "
