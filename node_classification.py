@@ -117,7 +117,8 @@ def resume_key(model, optimizer, scheduler, args, fanout):
     itself (its class and constructor arguments, as its repr shows them, and
     every parameter's shape), the optimizer and scheduler (class and
     hyperparameters) and what shapes the data: a checkpoint of anything else
-    is refused in one line before a rank starts."""
+    is refused in one line before a rank starts. "steps", what cuts an epoch
+    into steps, is compared only for a checkpoint saved inside an epoch."""
     return {
         "model": {
             "repr": repr(model),
@@ -128,6 +129,7 @@ def resume_key(model, optimizer, scheduler, args, fanout):
         "dataset": datasets.dataset_identity(args.dataset),
         "fanout": fanout,
         "precision": args.precision,
+        "steps": {"batch_size": args.batch_size},
     }
 
 

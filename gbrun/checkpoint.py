@@ -21,6 +21,10 @@ CHECKPOINT_FILE = "checkpoint.pt"
 MODEL_FILE = "model.pt"
 METRICS_FILE = "metrics.jsonl"
 REQUIRED = {"model", "optimizer", "epoch", "seed", "config"}
+# The part of a resume key that says how an epoch is cut into steps (the
+# batch size): compared only for a checkpoint saved inside an epoch, whose
+# resume skips the steps it trained.
+STEPS_KEY = "steps"
 
 
 @dataclass
@@ -81,11 +85,22 @@ def load_checkpoint(directory, config):
         raise UsageError(unreadable(path, error)) from None
     for key, value in config.items():
         saved = saved_config.get(key)
-        if saved != value:
+        if saved == value:
+            continue
+        if key == STEPS_KEY:
+            if not checkpoint.get("step"):
+                continue  # a new epoch may be cut into steps anew
             raise UsageError(
-                f"checkpoint '{path}' was made with another {key} "
-                f"({difference(saved, value)}); refused"
+                f"checkpoint '{path}' stopped inside epoch "
+                f"{checkpoint['epoch']} after step {checkpoint['step']}, "
+                f"which this run would cut into other steps "
+                f"({difference(saved, value)}); resume with the same, or "
+                "resume a checkpoint saved at an epoch's end"
             )
+        raise UsageError(
+            f"checkpoint '{path}' was made with another {key} "
+            f"({difference(saved, value)}); refused"
+        )
     return checkpoint
 
 
@@ -116,16 +131,20 @@ def difference(saved, value, where=""):
 def hyperparameters(obj):
     """An optimizer's or LR scheduler's class and hyperparameters as plain
     data, for the resume key (None for None): each of an optimizer's
-    param_groups without its parameters (and without what a scheduler adds
-    to it, such as initial_lr); a scheduler's constructor arguments that it
-    keeps under the same name (those that are plain data; a function, as
-    LambdaLR takes, cannot be compared)."""
+    param_groups without its parameters, with the learning rate that was set
+    (a scheduler's initial_lr, where it has scaled lr: a warmup from 0 would
+    otherwise hide --lr); a scheduler's constructor arguments that it keeps
+    under the same name (those that are plain data; a function, as LambdaLR
+    takes, cannot be compared) and, where it starts from other rates than
+    those set, the rates it starts from (so a change of such a schedule is
+    named as the scheduler's)."""
     if obj is None:
         return None
     described = {"class": type(obj).__name__}
     if isinstance(obj, torch.optim.Optimizer):
         described["param_groups"] = [
-            {k: plain(v) for k, v in group.items() if k in obj.defaults}
+            {k: plain(group.get("initial_lr", v) if k == "lr" else v)
+             for k, v in group.items() if k in obj.defaults}
             for group in obj.param_groups
         ]
         return described
@@ -134,6 +153,10 @@ def hyperparameters(obj):
         value = plain(getattr(obj, name, None))
         if name not in skip and value is not None:
             described[name] = value
+    groups = getattr(getattr(obj, "optimizer", None), "param_groups", [])
+    start_lrs = [group["lr"] for group in groups]
+    if start_lrs != [group.get("initial_lr", group["lr"]) for group in groups]:
+        described["start_lrs"] = start_lrs
     return described
 
 

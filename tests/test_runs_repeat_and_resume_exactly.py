@@ -515,6 +515,18 @@ def test_resume_refuses_what_it_cannot_continue(small_dataset, tmp_path, capsys,
             "as many, not 1") in resume_error(
         capsys, small_dataset, tmp_path / "inside", "--gpu=0")
 
+    # Another batch size cuts the epoch into other steps: refused inside
+    # an epoch (the resume would skip other items), accepted at its end.
+    assert ("stopped inside epoch 1 after step 3, which this run would cut "
+            "into other steps (batch_size: 1024 then, 512 now)") in (
+        resume_error(capsys, small_dataset, tmp_path / "inside", "--gpu=0,1",
+                     "--batch-size", "512"))
+    args = nc.parse_args(["--dataset", small_dataset, "--fanout", "5,5,5",
+                          "--batch-size", "512"])
+    key = nc.load_job(args, cpu_plan(args, 1)).start.key
+    assert gbrun.checkpoint.load_checkpoint(tmp_path / "seeded", key)[
+        "epoch"] == 1
+
     path = make_checkpoint(tmp_path / "cut", small_dataset)
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) // 2)
@@ -553,6 +565,33 @@ def test_resume_refuses_another_optimizer_or_schedule_before_spawning(
     monkeypatch.undo()
     assert ("another optimizer (param_groups[0].lr: 0.001 then, 0.5 now)" in
             resume_error(capsys, small_dataset, tmp_path / "adam", "--lr", "0.5"))
+
+    # A warmup from 0 scales lr to 0 whatever --lr is: the key keeps the rate
+    # set, and a change of the warmup is named as the scheduler's.
+    def warmup(steps):
+        def create_optimizer(model, args):
+            optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+            return optimizer, torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lambda step: min(1.0, step / steps))
+        return create_optimizer
+
+    def warmup_from(start):
+        def create_optimizer(model, args):
+            optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+            return optimizer, torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lambda step: min(1.0, start + step / 10))
+        return create_optimizer
+
+    monkeypatch.setattr(nc, "create_optimizer", warmup(5))
+    make_checkpoint(tmp_path / "warmup", small_dataset)
+    assert ("another optimizer (param_groups[0].lr: 0.001 then, 0.01 now)"
+            in resume_error(capsys, small_dataset, tmp_path / "warmup",
+                            "--lr", "0.01"))
+    monkeypatch.setattr(nc, "create_optimizer", warmup_from(0.5))
+    make_checkpoint(tmp_path / "from_half", small_dataset)
+    monkeypatch.setattr(nc, "create_optimizer", warmup_from(0.25))
+    assert ("another scheduler (start_lrs: [0.0005] then, [0.00025] now)"
+            in resume_error(capsys, small_dataset, tmp_path / "from_half"))
 
 
 def test_the_resume_key_tells_apart_models_whose_repr_is_the_same():
