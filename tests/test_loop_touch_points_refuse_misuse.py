@@ -4,6 +4,7 @@ resume, never an ignored SIGTERM), and train() reaches the package in at
 most 8 lines. Each edit runs the copy's own run() in this process, as the
 only rank of a gloo group, for 3 batches an epoch."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -154,10 +155,8 @@ def test_the_examples_own_options_can_be_renamed(tmp_path, small_dataset,
     for old, new in renames.items():
         attribute = lambda option: "args." + option[2:].replace("-", "_")
         assert f'"{old}"' in text and attribute(old) in text, old
-        text = text.replace(f'"{old}"', f'"{new}"').replace(
-            attribute(old) + ",", attribute(new) + ",").replace(
-            attribute(old) + ")", attribute(new) + ")").replace(
-            attribute(old) + " ", attribute(new) + " ")
+        text = re.sub(re.escape(attribute(old)) + r"\b", attribute(new),
+                      text.replace(f'"{old}"', f'"{new}"'))
     path = tmp_path / "node_classification.py"
     path.write_text(text)
     argv = ["--dataset", small_dataset, "--devices=0", "--num-epochs", "1",
