@@ -50,7 +50,7 @@ import time
 
 # First: one line, not a traceback, where GraphBolt cannot load.
 from gbrun.graphbolt import gb, graphbolt_options
-from gbrun import checkpoint, cli, datasets, launch, placement, tuning
+from gbrun import checkpoint, cli, datasets, launch, metrics, placement, tuning
 from gbrun.distributed import Partitions
 from gbrun.progress import Progress
 
@@ -59,6 +59,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+import torchmetrics
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -67,9 +68,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 # sets carry no labels of their own).
 FEATURE_KEYS = ["feat"]
 LABEL_KEY = "label"
-# What a label is: "class", one class per node (cross-entropy), or
-# "multi-hot", a 0/1 entry per class (multi-label; docs/customising.md).
-# Labels of another shape or range are refused before training starts.
+# What a label is: "class", one class per node (cross-entropy), "multi-hot",
+# a 0/1 entry per class (multi-label), or "value", num_classes floats per
+# node (regression; both in docs/customising.md). Labels of another shape,
+# dtype or range are refused before training starts.
 LABELS = "class"
 HIDDEN_SIZE = 256
 # The evaluation metric's name in the epoch line, metrics.jsonl and plots.
@@ -186,8 +188,8 @@ def create_dataloader(graph, features, itemset, device, storage, is_train, args,
 
 def weighted_reduce(tensor, weight, dst=0):
     ########################################################################
-    # (HIGHLIGHT) Collect accuracy and loss values from sub-processes and
-    # obtain overall average values.
+    # (HIGHLIGHT) Collect loss values from sub-processes and obtain the
+    # overall average value.
     #
     # Ranks may process different numbers of items (a rank can even have
     # none), so each rank sends sum(value * count) and its count; rank `dst`
@@ -199,24 +201,30 @@ def weighted_reduce(tensor, weight, dst=0):
     return tensor / weight
 
 
+def create_metric(num_classes):
+    """The evaluation metric (named METRIC): any torchmetrics metric, whose
+    state may be counts (accuracy, F1) or every prediction (AUROC)."""
+    return torchmetrics.classification.MulticlassAccuracy(
+        num_classes, average="micro"
+    )
+
+
 @torch.no_grad()
 def evaluate(model, dataloader, num_classes, device):
-    """The metric over every item of `dataloader`, exact across ranks (on
-    rank 0). Counting correct predictions (in int64: exact at any size),
-    instead of concatenating them, works when a rank receives no items."""
+    """The metric over every item of `dataloader`, exact on every rank:
+    compute() gathers every rank's state (here counts of correct
+    predictions, in int64), and gbrun's gather also takes a rank that
+    received no items."""
     model.eval()
-    num_correct = torch.tensor(0, device=device)
-    num_items = 0
+    metric = metrics.across_ranks(create_metric(num_classes), device)
     for data in dataloader:
         x = node_features(data)
         with torch.autocast(device.type, torch.bfloat16,
                             enabled=x.dtype == torch.bfloat16):
             # Call the wrapped module: no DDP hooks, no collectives.
             y_hat = model.module(data.blocks, x)
-        y = data.labels
-        num_correct += (y_hat.argmax(dim=1) == y).sum()
-        num_items += y.size(0)
-    return weighted_reduce(num_correct, num_items)
+        metric.update(y_hat.float(), data.labels)
+    return metric.compute()
 
 
 def train(rank, args, model, optimizer, scheduler, train_loader, valid_loader,
@@ -235,8 +243,10 @@ def train(rank, args, model, optimizer, scheduler, train_loader, valid_loader,
     stop and --resume (the best metric so far, early-stopping patience) go
     in the dict `progress.kept`: each checkpoint saves rank 0's, and
     --resume gives it back to every rank. A stop signal (SIGTERM, Ctrl-C)
-    ends training on every rank at one step, with a checkpoint, by raising
-    gbrun.stop.Stopped out of the Join block."""
+    ends training on every rank at one step (the first that ends with an
+    optimizer.step(), should you accumulate gradients), with a checkpoint,
+    by raising gbrun.stop.Stopped out of the Join block; `break` out of
+    the epochs ends training early."""
     for epoch, batches in progress.epochs(train_loader):
         epoch_start = time.time()
         model.train()

@@ -29,7 +29,11 @@ class Batches:
     shuffling and sampling from (seed, rank, epoch) and each step's dropout
     from (seed, rank, epoch, step), after skipping the `skip` batches a
     stopped run already trained: a run repeats, and resumes at any step.
-    `upcast`: bf16 node features reach the model in fp32 (--precision bf16
+    An evaluation pass under a seed (`epoch` None) derives its sampling
+    from (seed, rank, *`pass_id`), the pass's own name: it gives the same
+    result whatever ran before it in the process (a resume that goes
+    straight to validation or the test prints what an uninterrupted run
+    printed). `upcast`: bf16 node features reach the model in fp32 (--precision bf16
     where the device does not compute bf16: stored in bf16, computed in
     fp32). A pass ends once the device has done its queued work, so that a
     time taken after it counts the pass. The batches of a GraphBolt
@@ -37,10 +41,10 @@ class Batches:
     distributed trainer's DistLoader)."""
 
     def __init__(self, dataloader, rank, name, seed=None, epoch=None, skip=0,
-                 limit=None, upcast=False, device=None):
+                 limit=None, upcast=False, device=None, pass_id=()):
         self.dataloader = dataloader
         self.rank, self.name = rank, name
-        self.seed, self.epoch = seed, epoch
+        self.seed, self.epoch, self.pass_id = seed, epoch, pass_id
         self.step, self.limit = skip, limit
         self.upcast, self.device = upcast, device
         self.data_wait = 0.0
@@ -55,6 +59,8 @@ class Batches:
         seeded = self.seed is not None
         if seeded and self.epoch is not None:
             seed_epoch(self.seed, self.rank, self.epoch, item_sampler)
+        elif seeded:
+            seed_all(derived_seed(self.seed, self.rank, *self.pass_id))
         batches = sample_serially(self.dataloader) if seeded else self.dataloader
         batches = itertools.islice(batches, self.step, self.limit)
         return batches, rank0_batches(item_sampler, self.limit)
@@ -123,13 +129,17 @@ def seed_epoch(seed, rank, epoch, item_sampler):
     sampling) from (seed, rank, epoch), like PyTorch's
     DistributedSampler.set_epoch: the same seed repeats a run, and a resumed
     run (which samples the batches it skips) continues it exactly."""
-    epoch_seed = derived_seed(seed, rank, epoch)
-    random.seed(epoch_seed)
-    np.random.seed(epoch_seed)
-    torch.manual_seed(epoch_seed)
-    gb.seed(epoch_seed)
+    seed_all(derived_seed(seed, rank, epoch))
     # GraphBolt's item sampler takes no seed for an epoch.
     seed_item_sampler(item_sampler, seed, rank, epoch, derived_seed)
+
+
+def seed_all(seed):
+    """Seeds every random engine that sampling, shuffling or a model reads."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    gb.seed(seed)
 
 
 def derived_seed(*entropy):

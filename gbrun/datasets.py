@@ -56,7 +56,7 @@ def dataset_identity(name_or_dir):
     return os.path.realpath(name_or_dir)
 
 
-LABEL_KINDS = ("class", "multi-hot")
+LABEL_KINDS = ("class", "multi-hot", "value")
 
 
 def check_dataset(dataset, name, feature_keys, label_key, labels="class"):
@@ -66,7 +66,8 @@ def check_dataset(dataset, name, feature_keys, label_key, labels="class"):
     `label_key` of each seed. `labels` says what a label is: "class", one
     integer in [0, num_classes) per node (int64 for cross-entropy), or
     "multi-hot", num_classes entries of 0 or 1 per node (float32, for
-    multi-label losses)."""
+    multi-label losses), or "value", num_classes finite floats per node
+    (float32 rows, for a regression loss)."""
     task = dataset.tasks[0]
     if "num_classes" not in task.metadata:
         raise UsageError(
@@ -129,19 +130,30 @@ def checked_labels(values, num_classes, kind, where):
         expected = f"{num_classes} entries of 0 or 1 per node (multi-hot)"
         fits = values.dim() == 2 and values.size(1) == num_classes
         converted = values.float()
+    elif kind == "value":
+        if values.dim() == 1 and num_classes == 1:
+            values = values[:, None]  # one value per node: a row of one
+        expected = f"{num_classes} float value(s) per node (num_classes)"
+        fits = (values.dim() == 2 and values.size(1) == num_classes
+                and values.is_floating_point())
+        converted = values.float()
     else:
         raise ValueError(f"labels must be one of {LABEL_KINDS}, not {kind!r}")
     if fits and values.numel():
         low, high = values.min().item(), values.max().item()
-        fits = (0 <= low and high < num_classes if kind == "class"
-                else bool(((values == 0) | (values == 1)).all()))
+        if kind == "class":
+            fits = 0 <= low and high < num_classes
+        elif kind == "multi-hot":
+            fits = bool(((values == 0) | (values == 1)).all())
+        else:
+            fits = bool(torch.isfinite(values).all())
         if not fits:
             dtype += f" with values in [{low}, {high}]"
     if not fits:
         raise UsageError(
             f"{where} have shape {shape} and dtype {dtype}, but the example "
             f"takes {expected} (LABELS = '{kind}' in the example; "
-            "docs/customising.md shows a multi-label edit)"
+            "docs/customising.md shows multi-label and regression edits)"
         )
     return converted
 

@@ -9,14 +9,14 @@ and `make_synthetic_dataset.py` are thin command lines around it.
     `- _write_atomically    temp dir next to out_dir, then rename into place
 
 Layout written (all node ids int64, features float32, class labels int64,
-multi-hot labels float32):
+multi-hot labels and values float32):
 
     out_dir/metadata.yaml
     out_dir/edges.npy                 shape (2, E): row 0 = src, row 1 = dst
     out_dir/node_feat.npy             shape (N, F), node feature "feat"
     out_dir/node_feat_<k>.npy         shape (N, F_k), the k-th extra feature
-    out_dir/node_label.npy            shape (N,) or multi-hot (N, C),
-                                      node feature "label"
+    out_dir/node_label.npy            shape (N,), multi-hot (N, C) or
+                                      values (N, D): node feature "label"
     out_dir/{train,valid,test}_seed_nodes.npy and _labels.npy
 
 Load it with `gb.OnDiskDataset(out_dir).load()`. GraphBolt then adds a
@@ -184,11 +184,28 @@ def check_features(features, names):
             raise DatasetError(f"{where}: non-finite value {value} at row {start + row}, column {col}")
 
 
-def check_labels(labels, num_nodes, num_classes, names):
-    """Labels are N integers in [0, num_classes), or a multi-hot (N, C)
-    array of 0s and 1s (several labels per node); returns C."""
+LABEL_KINDS = ("class", "multi-hot", "value")
+
+
+def label_kind(labels, kind=None):
+    """What the labels are: `kind` as given, or "class" for a 1-D array
+    and "multi-hot" for a 2-D one ("value" is never guessed)."""
+    if kind is None:
+        return "multi-hot" if np.ndim(labels) == 2 else "class"
+    if kind not in LABEL_KINDS:
+        raise DatasetError(f"label kind {kind!r}: expected one of {', '.join(LABEL_KINDS)}")
+    return kind
+
+
+def check_labels(labels, num_nodes, num_classes, names, kind=None):
+    """Labels are N integers in [0, num_classes), a multi-hot (N, C) array
+    of 0s and 1s (several labels per node), or (kind "value") N finite
+    floats or rows of D (a regression target); returns C (D for values)."""
     where = names["labels"]
     labels = np.asanyarray(labels)
+    kind = label_kind(labels, kind)
+    if kind == "value":
+        return check_values(labels, num_nodes, num_classes, names)
     if labels.ndim == 2:
         return check_multi_hot(labels, num_nodes, num_classes, names)
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
@@ -238,6 +255,36 @@ def check_multi_hot(labels, num_nodes, num_classes, names):
                 f"at row {start + row}, column {col}"
             )
     return int(labels.shape[1])
+
+
+def check_values(labels, num_nodes, num_classes, names):
+    """Regression targets: (N,) or (N, D) finite floats; returns D."""
+    where = names["labels"]
+    if labels.ndim not in (1, 2) or not np.issubdtype(labels.dtype, np.floating):
+        raise DatasetError(
+            f"{where}: values to regress are a 1-D or 2-D float array, got dtype "
+            f"{labels.dtype} shape {labels.shape}"
+        )
+    if labels.shape[0] != num_nodes:
+        raise DatasetError(
+            f"{where}: {labels.shape[0]} label rows but {num_nodes} nodes (rows of {names['features']})"
+        )
+    width = 1 if labels.ndim == 1 else labels.shape[1]
+    if width < 1 or (num_classes is not None and width != num_classes):
+        raise DatasetError(
+            f"{where}: {width} values per node"
+            f"{f' for --num-classes {num_classes}' if num_classes is not None else ''}"
+        )
+    flat = labels.reshape(num_nodes, width)
+    rows = max(1, BLOCK_ELEMENTS // width)
+    for start in range(0, num_nodes, rows):
+        bad = ~np.isfinite(flat[start : start + rows])
+        if bad.any():
+            row, col = np.argwhere(bad)[0]
+            raise DatasetError(
+                f"{where}: non-finite value {flat[start + row, col]} at row {start + row}, column {col}"
+            )
+    return int(width)
 
 
 def check_extra_features(extra_features, num_nodes, names):
@@ -294,13 +341,13 @@ def display_names(given=None):
 
 
 def validate_inputs(edges, features, labels, splits, num_classes, names,
-                    extra_features=None):
+                    extra_features=None, kind=None):
     """Run every check; return num_classes (given, or labels.max() + 1, or a
     multi-hot array's columns)."""
     check_features(features, names)
     num_nodes = features.shape[0]
     check_edges(edges, num_nodes, names)
-    num_classes = check_labels(labels, num_nodes, num_classes, names)
+    num_classes = check_labels(labels, num_nodes, num_classes, names, kind)
     check_splits(splits, num_nodes, names)
     check_extra_features(extra_features or {}, num_nodes, names)
     return num_classes
@@ -309,7 +356,7 @@ def validate_inputs(edges, features, labels, splits, num_classes, names,
 # --------------------------------------------------------------- warnings
 
 
-def find_warnings(edges, labels, train_idx, num_nodes, num_classes):
+def find_warnings(edges, labels, train_idx, num_nodes, num_classes, kind=None):
     """One-line warnings about legal but suspicious inputs."""
     warnings = []
     touched = np.zeros(num_nodes, dtype=bool)
@@ -320,6 +367,8 @@ def find_warnings(edges, labels, train_idx, num_nodes, num_classes):
         warnings.append(
             f"{isolated.size} of {num_nodes} nodes have no edges (isolated), e.g. node {isolated[0]}"
         )
+    if label_kind(labels, kind) == "value":
+        return warnings  # no classes to miss
     train_labels = np.asarray(labels)[train_idx]
     if train_labels.ndim == 2:  # multi-hot: the train nodes with each label
         per_class = (train_labels != 0).sum(axis=0)
@@ -371,9 +420,10 @@ def extra_feature_file(index):
     return f"node_feat_{index}.npy"
 
 
-def label_dtype(labels):
-    """int64 classes, or float32 multi-hot rows (a multi-label loss's input)."""
-    return np.float32 if np.ndim(labels) == 2 else np.int64
+def label_dtype(labels, kind=None):
+    """int64 classes, or float32 multi-hot rows (a multi-label loss's input)
+    and values."""
+    return np.int64 if label_kind(labels, kind) == "class" else np.float32
 
 
 def _metadata(name, num_nodes, num_classes, has_splits, extra_names=()):
@@ -410,11 +460,11 @@ def _metadata(name, num_nodes, num_classes, has_splits, extra_names=()):
 
 
 def _write_files(directory, edges, features, labels, splits, metadata,
-                 extra_features):
+                 extra_features, kind):
     """Write every file of the dataset into an existing empty directory."""
     save_npy(os.path.join(directory, EDGES_FILE), edges, np.int64)
     save_npy(os.path.join(directory, FEAT_FILE), features, np.float32)
-    save_npy(os.path.join(directory, LABEL_FILE), labels, label_dtype(labels))
+    save_npy(os.path.join(directory, LABEL_FILE), labels, label_dtype(labels, kind))
     for k, extra in enumerate(extra_features.values()):
         save_npy(os.path.join(directory, extra_feature_file(k)), extra, np.float32)
     for split, ids in splits.items():
@@ -422,7 +472,7 @@ def _write_files(directory, edges, features, labels, splits, metadata,
         ids = np.asarray(ids, dtype=np.int64)
         save_npy(os.path.join(directory, f"{prefix}_seed_nodes.npy"), ids, np.int64)
         save_npy(os.path.join(directory, f"{prefix}_labels.npy"), np.asarray(labels)[ids],
-                 label_dtype(labels))
+                 label_dtype(labels, kind))
     # metadata.yaml last: a directory with it is a complete dataset.
     with open(os.path.join(directory, "metadata.yaml"), "w") as f:
         yaml.safe_dump(metadata, f, sort_keys=False)
@@ -497,13 +547,16 @@ def write_ondisk_dataset(
     force=False,
     input_names=None,
     extra_features=None,
+    kind=None,
 ):
     """Validate the arrays and write them as a GraphBolt OnDiskDataset.
 
     edges: int (2, E), row 0 source ids, row 1 destination ids.
     features: float (N, F); N defines the number of nodes.
     labels: int (N,), num_classes defaulting to labels.max() + 1; or
-        multi-hot (N, C) of 0/1 (C classes, several per node).
+        multi-hot (N, C) of 0/1 (C classes, several per node); or, with
+        kind "value", float (N,) or (N, D) targets to regress (written as
+        (N, D) float32, with num_classes D).
     train_idx, val_idx, test_idx: int node ids, disjoint, train non-empty.
     input_names: optional {"edges": "my_edges.csv", ...} used in messages
         (keys: edges, features, labels, train, validation, test, and
@@ -517,17 +570,21 @@ def write_ondisk_dataset(
     extra_features = {k: np.asanyarray(v) for k, v in (extra_features or {}).items()}
     splits = {"train": train_idx, "validation": val_idx, "test": test_idx}
     _refuse_existing(out_dir, force)  # fail before the slow checks
+    kind = label_kind(labels, kind)
     num_classes = validate_inputs(edges, features, labels, splits, num_classes, names,
-                                  extra_features)
+                                  extra_features, kind)
+    if kind == "value":
+        labels = labels.reshape(labels.shape[0], -1)
     num_nodes = features.shape[0]
-    warnings = find_warnings(edges, labels, train_idx, num_nodes, num_classes)
+    warnings = find_warnings(edges, labels, train_idx, num_nodes, num_classes, kind)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     name = name or os.path.basename(os.path.abspath(out_dir))
     metadata = _metadata(name, num_nodes, num_classes, splits, list(extra_features))
     _write_atomically(
         out_dir, force,
-        lambda tmp: _write_files(tmp, edges, features, labels, splits, metadata, extra_features),
+        lambda tmp: _write_files(tmp, edges, features, labels, splits, metadata,
+                                 extra_features, kind),
     )
     return {
         "out_dir": out_dir,
@@ -535,7 +592,8 @@ def write_ondisk_dataset(
         "num_edges": int(edges.shape[1]),
         "feat_dim": int(features.shape[1]),
         "num_classes": num_classes,
-        "multi_hot": labels.ndim == 2,
+        "multi_hot": kind == "multi-hot",
+        "label_kind": kind,
         "extra_features": {k: int(v.shape[1]) for k, v in extra_features.items()},
         "split_sizes": {split: int(len(ids)) for split, ids in splits.items()},
         "warnings": warnings,

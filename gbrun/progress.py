@@ -22,6 +22,7 @@ make a resume silently inexact:
 import copy
 import os
 import time
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -62,6 +63,13 @@ class Progress:
                             start.checkpoint_dir)
         self.batches = None  # the epoch being trained
         self.saved = None  # what save_epoch saved of it
+        # A stop waits for a step that ended with an optimizer step: a
+        # checkpoint never falls inside a gradient accumulation.
+        self.optimizers = [obj for obj in self.states.values()
+                           if isinstance(obj, torch.optim.Optimizer)]
+        self.optimizer_steps = 0
+        for optimizer in self.optimizers:
+            optimizer.register_step_post_hook(self._count_step)
         if start.checkpoint is not None:
             if self.rank == 0:
                 at = f"epoch {self.start_epoch}" + (
@@ -72,7 +80,14 @@ class Progress:
         """Yields (epoch, its batches) for every epoch left to train. After
         each epoch: its checkpoint must be saved (save_epoch, rank 0), every
         rank waits until it is, and a signal that came during validation
-        stops the run there (gbrun.stop.Stopped)."""
+        stops the run there (gbrun.stop.Stopped). A `break` out of the
+        epochs (early stopping) ends training there."""
+        try:
+            yield from self._epochs(train_loader)
+        finally:
+            self.batches = None  # what follows is after training
+
+    def _epochs(self, train_loader):
         for epoch in range(self.start_epoch, self.start.epochs):
             resumed = epoch == self.start_epoch and self.start_step
             loss, count = 0.0, 0
@@ -86,7 +101,25 @@ class Progress:
             self.saved = None
             yield epoch, self.batches
             self._end_epoch(epoch)
-        self.batches = None
+
+    def _count_step(self, optimizer, args, kwargs):
+        self.optimizer_steps += 1
+
+    def _check_no_pending_gradients(self, where):
+        """A checkpoint saves no gradients: refuses one taken while the
+        model holds gradients that no optimizer step has applied yet."""
+        if not self.optimizers or self.batches.stepped_last:
+            return
+        for name, obj in self.states.items():
+            if isinstance(obj, torch.nn.Module) and any(
+                    p.grad is not None and bool(p.grad.any())
+                    for p in obj.parameters()):
+                raise RuntimeError(
+                    f"{where} in epoch {self.batches.epoch}: the {name} "
+                    "holds gradients accumulated since the last "
+                    "optimizer.step(), which a checkpoint does not keep; "
+                    "call optimizer.zero_grad() after the epoch's batches "
+                    "(docs/customising.md, gradient accumulation)")
 
     def _end_epoch(self, epoch):
         self.batches.check_trained()
@@ -140,6 +173,7 @@ class Progress:
             raise RuntimeError(
                 "progress.save_epoch(record) before the epoch's batches were "
                 "trained to the end: call it after the epoch's loop")
+        self._check_no_pending_gradients("progress.save_epoch(record)")
         if self.rank != 0:
             return
         if self.start.checkpoint_dir:
@@ -236,6 +270,8 @@ class EpochBatches(Batches, Joinable):
         self.skipped, self.added, self.items_added = skip, 0, 0
         self.in_join = self.started = self.finished = False
         self.train_time = 0.0
+        # Whether the last step ended with an optimizer step.
+        self.stepped_last, self.optimizer_steps = True, None
 
     def __iter__(self):
         if not self.in_join:
@@ -248,12 +284,20 @@ class EpochBatches(Batches, Joinable):
         self.started = True
         start = time.time()
         steps = Batches.__iter__(self)
+        progress = self.progress
+        self.optimizer_steps = progress.optimizer_steps
         for data in steps:
             yield data
-            # The step is done: every rank agrees whether to stop here.
+            # The step is done: every rank agrees whether to stop here, and
+            # stops once a step ends with an optimizer step (at once,
+            # unless gradients are being accumulated).
             self.check_added()
             Join.notify_join_context(self)
-            if self.progress.stop.agreed():
+            self.stepped_last = (not progress.optimizers
+                                 or progress.optimizer_steps
+                                 != self.optimizer_steps)
+            self.optimizer_steps = progress.optimizer_steps
+            if progress.stop.agreed() and self.stepped_last:
                 steps.close()
                 break
         else:
@@ -331,29 +375,38 @@ class _AnswerStop(JoinHook):
 
     def post_hook(self, is_last_joiner):
         # Every rank, once all have joined: the loop's last flag, and the
-        # stop's checkpoint if the ranks agreed on one.
+        # stop's checkpoint if the ranks agreed on one inside the epoch.
+        # Agreed at its last step, the stop comes after the epoch's
+        # validation and checkpoint, at the epoch boundary.
         stop = self.batches.progress.stop
         stop.settle()
-        if stop.signum:
+        if stop.signum and not self.batches.finished:
             self.batches.progress.save_stop(self.batches)
 
 
 class Evaluation:
     """A data loader whose every pass is a Batches pass (see
-    Progress.evaluation)."""
+    Progress.evaluation), seeded by the pass's own name: (the loader's
+    name, the epoch it validates or the end of training, which pass of
+    this loader in that epoch)."""
 
     def __init__(self, progress, dataloader, name):
         self.progress, self.dataloader, self.name = progress, dataloader, name
+        self.passes = {}  # epoch: passes of this loader so far
 
     def __iter__(self):
         progress = self.progress
+        training = progress.batches is not None
         # Named by the epoch it validates, while training runs.
-        name = self.name if progress.batches is None else (
-            f"{self.name} {progress.batches.epoch}")
+        name = f"{self.name} {progress.batches.epoch}" if training else (
+            self.name)
+        epoch = progress.batches.epoch if training else progress.start.epochs
+        count = self.passes[epoch] = self.passes.get(epoch, 0) + 1
         return iter(Batches(
             self.dataloader, progress.rank, name, progress.start.seed,
             limit=progress.start.max_batches, upcast=progress.upcast,
-            device=progress.device))
+            device=progress.device,
+            pass_id=(zlib.crc32(self.name.encode()), epoch, count)))
 
 
 def restore(states, checkpoint, checkpoint_dir):

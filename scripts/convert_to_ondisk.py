@@ -19,7 +19,9 @@ Inputs:
   --feature NAME=FILE   another node feature NAME, a .npy float array
                (N, F_k); repeatable.
   --labels     .npy integer array (N,), classes 0 .. C-1; or a multi-hot
-               (N, C) array of 0/1, several classes per node.
+               (N, C) array of 0/1, several classes per node; or, with
+               --label-kind value, a float array (N,) or (N, D) of values
+               to regress (node regression, docs/customising.md).
   --train-idx --val-idx --test-idx   .npy node id arrays (all three), or
   --split      random train,val,test fractions (default 0.6,0.2,0.2).
 
@@ -189,6 +191,8 @@ def parse_args(argv=None):
     parser.add_argument("--val-idx", help="validation node ids .npy")
     parser.add_argument("--test-idx", help="test node ids .npy")
     parser.add_argument("--split", type=ondisk.split_argument, help="random train,val,test fractions (default 0.6,0.2,0.2)")
+    parser.add_argument("--label-kind", choices=ondisk.LABEL_KINDS,
+                        help="what --labels holds (default: class for (N,), multi-hot for (N, C))")
     parser.add_argument("--num-classes", type=int_at_least(1), help="number of classes (default: max label + 1)")
     parser.add_argument("--add-reverse-edges", action="store_true", help="make every edge go both ways")
     parser.add_argument("--drop-self-loops", action="store_true", help="remove src == dst edges")
@@ -242,7 +246,7 @@ def convert(args):
     return ondisk.write_ondisk_dataset(
         args.out_dir, edges, features, labels, train, val, test,
         num_classes=args.num_classes, force=args.force, input_names=names,
-        extra_features=extra_features,
+        extra_features=extra_features, kind=args.label_kind,
     )
 
 
@@ -255,7 +259,8 @@ def main(argv=None):
         return ERROR_EXIT
     sizes = summary["split_sizes"]
     extra = "".join(f", {name} {width}" for name, width in summary["extra_features"].items())
-    classes = "classes (multi-hot)" if summary["multi_hot"] else "classes"
+    classes = {"class": "classes", "multi-hot": "classes (multi-hot)",
+               "value": "values per node"}[summary["label_kind"]]
     print(
         f"wrote {args.out_dir}: {summary['num_nodes']} nodes, {summary['num_edges']} edges, "
         f"{summary['feat_dim']} features{extra}, {summary['num_classes']} {classes}, "

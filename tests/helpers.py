@@ -49,7 +49,8 @@ LEARNS_IN_3_EPOCHS = 0.87
 # docs/customising.md's diffs, in order.
 CUSTOMISING = os.path.join(REPO, "docs", "customising.md")
 EDITS = ["gat", "cosine", "macro_f1", "keys", "multi_label", "best_model",
-         "two_features", "auroc"]
+         "two_features", "auroc", "accumulation", "early_stopping",
+         "regression"]
 
 
 def doc_diffs():

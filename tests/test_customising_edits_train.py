@@ -331,3 +331,136 @@ def test_auroc_is_exact_over_ranks_one_without_items_on_two_features(
                                            average="macro").item()
              for split, size in ((1, 60), (2, 540))]
     assert reported == pytest.approx(exact, abs=1e-6)
+
+
+def same_tensors(first, second):
+    """Two model.pt files hold equal tensors, key by key."""
+    a = torch.load(first, weights_only=True)
+    b = torch.load(second, weights_only=True)
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_accumulation_and_early_stopping_resume_exactly(tmp_path,
+                                                        small_dataset):
+    copy = edited_copy(tmp_path, "accumulation", "early_stopping")
+    # No epoch beats the first by 1.0: epochs 0 and 1 train, and the
+    # validation of epoch 1 ends training (patience 1).
+    text = open(copy).read()
+    for old, new in (("PATIENCE = 3", "PATIENCE = 1"),
+                     ("MIN_DELTA = 0.0", "MIN_DELTA = 1.0")):
+        assert text.count(old) == 1
+        text = text.replace(old, new)
+    open(copy, "w").write(text)
+    common = [*FAST, "--fanout", "5,5,5", "--epochs", 4, "--seed", 3,
+              "--max-batches", 6, "--dataset", small_dataset]
+    # 6 steps and one check after validation per epoch; each step reads the
+    # previous step's check. Check 2 is read at step 3, which only adds its
+    # gradients (ACCUMULATE = 2): the stop waits for step 4's optimizer
+    # step. Stopping at step 3 would lose half an accumulation.
+    uninterrupted, stopped = run_examples(
+        ([*common, "--checkpoint-dir", tmp_path / "u"], NO_GPU),
+        ([*common, "--checkpoint-dir", tmp_path / "s"],
+         {**NO_GPU, "TEST_SIGTERM_AT_CHECK": "2"}), script=copy)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    ckpt = tmp_path / "s" / gbrun.checkpoint.CHECKPOINT_FILE
+    checkpoint = torch.load(ckpt, weights_only=True)
+    assert (checkpoint["epoch"], checkpoint["step"]) == (0, 4)
+    assert "Early stopping before epoch 2." in uninterrupted.stdout
+    assert len(epoch_lines(uninterrupted.stdout)) == 2
+    # Resumed at epoch 0, step 4: 2 steps left (checks 1-2) and epoch 0's
+    # check 3, then epoch 1's steps (checks 4-9) and its check 10, after
+    # the validation that ends training: the stop comes at epoch 2.
+    resumed = [*common, "--checkpoint-dir", tmp_path / "s", "--resume"]
+    second = run_example(resumed, env={**NO_GPU, "TEST_SIGTERM_AT_CHECK": "10"},
+                         script=copy)
+    assert second.returncode == 128 + signal.SIGTERM, second.stderr[-3000:]
+    assert torch.load(ckpt, weights_only=True)["kept"]["worse_epochs"] == 1
+    # The last resume goes straight to the test: it evaluates in a process
+    # that trained nothing, and prints what the uninterrupted run printed.
+    last = run_example(resumed, env=NO_GPU, script=copy)
+    assert last.returncode == 0, last.stderr[-3000:]
+    assert "Early stopping before epoch 2." in last.stdout
+    assert not epoch_lines(last.stdout)
+    assert ([line[:3] for line in epoch_lines(stopped.stdout + second.stdout)]
+            == [line[:3] for line in epoch_lines(uninterrupted.stdout)])
+    assert reported_test_accuracy(last.stdout) == (
+        reported_test_accuracy(uninterrupted.stdout))
+    assert same_tensors(tmp_path / "u" / "model.pt", tmp_path / "s" / "model.pt")
+
+
+@pytest.fixture(scope="module")
+def value_dataset(tmp_path_factory):
+    """3,000 nodes with one float to regress each, written by the
+    converter's writer with kind "value": the target is a latent value per
+    node plus its neighbors' mean; the features are a noisy view of the
+    latent. 60 validation nodes: with batch 64, rank 1 scores none."""
+    import numpy as np
+
+    from gbrun import ondisk
+
+    rng = np.random.default_rng(0)
+    num_nodes = 3000
+    latent = rng.normal(0, 1, num_nodes)
+    src, dst = rng.integers(0, num_nodes, (2, 30000))
+    sums = np.bincount(dst, latent[src], num_nodes)
+    counts = np.maximum(np.bincount(dst, minlength=num_nodes), 1)
+    target = (latent + sums / counts).astype(np.float32)
+    features = (latent[:, None] + rng.normal(0, 0.5, (num_nodes, 8))
+                ).astype(np.float32)
+    train, val, test = ondisk.split_nodes(num_nodes, (0.8, 0.02, 0.18), seed=1)
+    out = str(tmp_path_factory.mktemp("data") / "values")
+    ondisk.write_ondisk_dataset(out, np.stack([src, dst]), features, target,
+                                train, val, test, kind="value")
+    return out
+
+
+@pytest.mark.slow
+def test_node_regression_is_exact_over_ranks_and_resumes_exactly(
+        tmp_path, value_dataset, capsys, nothing_spawned):
+    copy = edited_copy(tmp_path, "regression")
+    common = [*FAST, "--fanout", "-1,-1,-1", "--epochs", 2, "--seed", 5,
+              "--lr", 0.01, "--dataset", value_dataset]
+    # 18 steps an epoch and rank, and one check after validation: check 21
+    # is read at epoch 1's step 3.
+    uninterrupted, stopped = run_examples(
+        ([*common, "--checkpoint-dir", tmp_path / "u", "--log-dir",
+          tmp_path / "logs"], NO_GPU),
+        ([*common, "--checkpoint-dir", tmp_path / "s"],
+         {**NO_GPU, "TEST_SIGTERM_AT_CHECK": "21"}), script=copy)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    resumed = run_example([*common, "--checkpoint-dir", tmp_path / "s",
+                           "--resume"], env=NO_GPU, script=copy)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "at epoch 1, step 3." in resumed.stdout
+    line = re.compile(r"^(Epoch \d+ \| Average Loss \S+ \| MAE \S+) \|"
+                      r"|^(Test MAE \d+\.\d{4})$", re.M)
+    assert line.findall(stopped.stdout + resumed.stdout) == (
+        line.findall(uninterrupted.stdout))
+    assert same_tensors(tmp_path / "u" / "model.pt", tmp_path / "s" / "model.pt")
+
+    # The MAE in metrics.jsonl is the one over every prediction.
+    records = [json.loads(line) for line in
+               open(tmp_path / "logs" / gbrun.checkpoint.METRICS_FILE)]
+    reported = [records[-2]["val_mae"], records[-1]["test_mae"]]
+    predictions = Predictions(load(copy, "regression_example"),
+                              value_dataset, tmp_path / "u")
+    exact, baseline = [], []
+    for split, size in ((1, 60), (2, 540)):
+        values, targets = predictions(split, size)
+        assert values.shape == targets.shape == (size, 1)
+        exact.append((values - targets).abs().mean().item())
+        baseline.append((targets - targets.mean()).abs().mean().item())
+    assert reported == pytest.approx(exact, abs=1e-6)
+    # It learns: test MAE 0.351 after 2 epochs (seed 5), where predicting
+    # the targets' mean scores 0.899.
+    assert exact[1] < 0.6 * baseline[1], (exact, baseline)
+
+    # The unchanged example refuses float labels in one line.
+    error = refusal(load(SCRIPT, "unchanged_for_values"), capsys,
+                    "--dataset", value_dataset)
+    assert ("the train_set's labels have shape [2400, 1] and dtype float32, "
+            "but the example takes one integer class in [0, 1) per node"
+            ) in error, error

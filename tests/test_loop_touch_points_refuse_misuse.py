@@ -67,6 +67,16 @@ EDITS = {
         SCHEDULED + STEP_LATE,
         r"the scheduler changed after progress\.save_epoch\(record\) in "
         r"epoch 0 \(StepLR\.step\(\) after it\?\)"),
+    "an accumulation left pending at the epoch's end": ((
+        "            for data in batches:\n",
+        "            for step, data in enumerate(batches, 1):\n",
+        "                optimizer.zero_grad()\n                loss.backward()\n"
+        "                optimizer.step()\n",
+        "                loss.backward()\n                if step % 2 == 0:\n"
+        "                    optimizer.step()\n"
+        "                    optimizer.zero_grad()\n"),
+        r"save_epoch\(record\) in epoch 0: the model holds gradients "
+        r"accumulated since the last optimizer\.step\(\)"),
     "kept changed after save_epoch": ((
         '''                flush=True,
             )
