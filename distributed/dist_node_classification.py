@@ -56,7 +56,7 @@ import inspect
 import gbrun.graphbolt  # noqa: F401 (first: one line if DGL cannot load)
 from gbrun import checkpoint, cli, datasets, launch
 from gbrun.distributed import (
-    Partitions, exit_when_clients_are_gone, fail_fast,
+    Partitions, exit_when_clients_are_gone, fail_fast, load_item_sets,
     samplers_die_with_trainer,
 )
 
@@ -129,7 +129,10 @@ def plan_job(args, example, plan, env=os.environ):
         torch.bfloat16 if args.precision == "bf16" else None,
         [] if args.dump_seeds else None, args.fail_after_batches,
         args.fail_rank)
-    return launch.Job(data, None, in_size, num_classes, fanout, start)
+    # The item sets as on one machine, in the partitions' node ids (an edit
+    # may read them: class weights from the training labels).
+    item_sets = load_item_sets(os.path.dirname(args.part_config))
+    return launch.Job(data, item_sets, in_size, num_classes, fanout, start)
 
 
 def graphbolt_pipeline(function):

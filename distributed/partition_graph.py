@@ -50,6 +50,7 @@ import tempfile
 
 import gbrun.cli
 import gbrun.datasets
+import gbrun.distributed
 
 # dgl, numpy and torch are imported where they are used: a bad argument is
 # refused before they load (seconds).
@@ -267,6 +268,9 @@ def main(argv=None):
     try:
         feature_paths = set_features_aside(dataset, example.FEATURE_KEYS,
                                            aside)
+        # The splits' seeds and labels, small beside the graph: saved in
+        # the partitions' node ids for the trainer.
+        splits = [item_set[0:len(item_set)] for item_set in item_sets]
         del dataset, item_sets
         gc.collect()
         options = {
@@ -286,6 +290,7 @@ def main(argv=None):
     import torch
 
     torch.save(orig_nids, os.path.join(args.out, ORIG_NIDS_FILE))
+    gbrun.distributed.save_item_sets(args.out, splits, orig_nids)
     info_path = write_dataset_info(args.out, info)
     with open(part_config) as f:
         config = json.load(f)

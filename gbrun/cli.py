@@ -111,6 +111,13 @@ def add_run_options(parser):
         help="Continue from the checkpoint in --checkpoint-dir.",
     )
     run.add_argument(
+        "--finish-timeout", type=positive_float, default=60.0,
+        help="Seconds a rank that has finished waits for the others before"
+        " it fails the job: a rank left in a collective that the others"
+        " never join (work on some ranks only after training) would wait"
+        " for ever.",
+    )
+    run.add_argument(
         "--log-dir", default=None,
         help="Append one JSON line per epoch and one for the test result to"
         " metrics.jsonl here.",

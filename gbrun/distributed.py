@@ -35,6 +35,39 @@ FIRST_CLIENT_TIMEOUT_S = 30 * 60
 ESTABLISHED, LISTEN = "01", "0A"  # TCP states as /proc/net/tcp shows them
 
 
+# The dataset's item sets in the partitioned graph's node ids (written by
+# partition_graph.py): the trainer's Job holds them, as on one machine.
+ITEM_SETS_FILE = "item_sets.pt"
+SPLITS = ("train_set", "validation_set", "test_set")
+
+
+def save_item_sets(out_dir, splits, orig_nids):
+    """`splits`: (seed node ids, labels) of train, validation and test, in
+    dataset ids; saved with the seeds renumbered as the partitions number
+    them (`orig_nids[new id]` is a node's dataset id)."""
+    new_ids = torch.empty_like(orig_nids)
+    new_ids[orig_nids] = torch.arange(len(orig_nids), dtype=orig_nids.dtype)
+    torch.save({name: (new_ids[torch.as_tensor(seeds)], labels)
+                for name, (seeds, labels) in zip(SPLITS, splits)},
+               os.path.join(out_dir, ITEM_SETS_FILE))
+
+
+def load_item_sets(part_dir):
+    """The item sets save_item_sets wrote, as the example's Job holds them
+    on one machine: GraphBolt ItemSets of (seed_nodes, labels)."""
+    from .cli import UsageError
+    from .graphbolt import gb
+
+    path = os.path.join(part_dir, ITEM_SETS_FILE)
+    if not os.path.isfile(path):
+        raise UsageError(
+            f"{part_dir} has no {ITEM_SETS_FILE}: partitions written by an "
+            "older partition_graph.py; run it again")
+    splits = torch.load(path, weights_only=True)
+    return tuple(gb.ItemSet(splits[name], names=("seed_nodes", "labels"))
+                 for name in SPLITS)
+
+
 def node_dataloader_class():
     """DistNodeDataLoader: in dgl.distributed since 2.4, in dgl.dataloading
     before (told apart by what the modules hold, not by version)."""

@@ -72,6 +72,7 @@ class Plan:
     rank_env: dict  # environment for spawned ranks
     notices: list  # lines to print before training
     load_timeout: datetime.timedelta = LOAD_TIMEOUT
+    finish_timeout: float = 60.0  # seconds, --finish-timeout
 
     def device(self, rank):
         return torch.device(self.devices[rank - self.rank_offset])
@@ -250,6 +251,7 @@ def plan_run(args, gpus, num_workers, env=os.environ, machine=None,
         split_products=autocast and train_device == "cpu",
         rank_env=rank_env,
         notices=notices,
+        finish_timeout=args.finish_timeout,
     )
 
 
@@ -469,7 +471,7 @@ def run_rank(rank, run, plan, args, job, stop_request=None, on_failure=None):
         stop.install(plan.device(rank), stop_request)
         run(rank, plan, args, job)
         if dist.is_initialized():
-            barrier(plan.device(rank))
+            wait_for_every_rank(rank, plan)
     except stop.Stopped as stopped:
         stopped_by = stopped.signum
     except UsageError as error:
@@ -488,6 +490,32 @@ def run_rank(rank, run, plan, args, job, stop_request=None, on_failure=None):
             destroy_process_group()
     if stopped_by:
         sys.exit(128 + stopped_by)
+
+
+def wait_for_every_rank(rank, plan):
+    """The barrier at the end of a run, bounded by plan.finish_timeout: a
+    rank that the others wait for longer is taken to be stuck in a
+    collective they have left (torch's DataLoader, for one, makes a process
+    group, with every rank, each time it is iterated), and this rank ends
+    the job, naming the cause, instead of waiting for ever."""
+    def give_up():
+        print(f"rank {rank} failed: it finished run() and waited "
+              f"{plan.finish_timeout:g} s (--finish-timeout) for the other "
+              "ranks, which have not: a rank that runs collectives alone "
+              "after training waits for ever for the others (a GraphBolt or "
+              "torch DataLoader, a metric's compute() or a reduce on some "
+              "ranks only). Run evaluation on every rank, and predict from "
+              "model.pt in a process of its own (docs/customising.md)",
+              file=sys.stderr, flush=True)
+        os._exit(1)
+
+    timer = threading.Timer(plan.finish_timeout, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        barrier(plan.device(rank))
+    finally:
+        timer.cancel()
 
 
 def load_job_in_turn(rank, plan, load_job, args):

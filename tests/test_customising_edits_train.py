@@ -4,6 +4,7 @@ together where their runs can be shared), and run end to end there. A
 change to the example that breaks a diff fails here."""
 import importlib.util
 import json
+import math
 import os
 import re
 import shutil
@@ -169,39 +170,6 @@ def test_a_2_layer_gat_trains_and_refuses_3_fanouts_and_sage_checkpoints(
 
 
 @pytest.mark.slow
-def test_a_cosine_schedule_resumed_after_sigterm_is_exact(
-        tmp_path, small_dataset):
-    cosine = edited_copy(tmp_path, "cosine")
-    common = [*FAST, "--fanout", "5,5,5", "--epochs", 3, "--seed", 2,
-              "--max-batches", 6, "--dataset", small_dataset,
-              "--checkpoint-dir", tmp_path / "c"]
-    # 6 steps and one check after validation per epoch: the 10th check is
-    # epoch 1's third step, and each step reads the previous step's check,
-    # so training stops after the fourth. A third epoch shows a scheduler
-    # that resumed from scratch (its lr would stay at epoch 1's). The
-    # uninterrupted run goes side by side with the stopped one.
-    uninterrupted, stopped = run_examples(
-        (common[:-2], NO_GPU),
-        (common, {**NO_GPU, "TEST_SIGTERM_AT_CHECK": "10"}), script=cosine)
-    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
-    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
-    checkpoint = torch.load(tmp_path / "c" / gbrun.checkpoint.CHECKPOINT_FILE,
-                            weights_only=True)
-    assert (checkpoint["epoch"], checkpoint["step"]) == (1, 4)
-    # The schedule's state is saved: epoch 1 runs at lr 0.00075.
-    assert checkpoint["scheduler"]["last_epoch"] == 1
-    lr = checkpoint["optimizer"]["param_groups"][0]["lr"]
-    assert lr == pytest.approx(0.00075)
-    resumed = run_example([*common, "--resume"], env=NO_GPU, script=cosine)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert ([line[:3] for line in epoch_lines(stopped.stdout + resumed.stdout)]
-            == [line[:3] for line in epoch_lines(uninterrupted.stdout)])
-    assert len(epoch_lines(uninterrupted.stdout)) == 3
-    assert reported_test_accuracy(resumed.stdout) == (
-        reported_test_accuracy(uninterrupted.stdout))
-
-
-@pytest.mark.slow
 def test_macro_f1_is_exact_over_ranks_one_without_items(tmp_path, short_runs):
     run, f1, dataset, out = short_runs["macro_f1"]
     assert run.returncode == 0, run.stderr[-3000:]
@@ -341,9 +309,9 @@ def same_tensors(first, second):
 
 
 @pytest.mark.slow
-def test_accumulation_and_early_stopping_resume_exactly(tmp_path,
-                                                        small_dataset):
-    copy = edited_copy(tmp_path, "accumulation", "early_stopping")
+def test_cosine_accumulation_and_early_stopping_resume_exactly(tmp_path,
+                                                               small_dataset):
+    copy = edited_copy(tmp_path, "cosine", "accumulation", "early_stopping")
     # No epoch beats the first by 1.0: epochs 0 and 1 train, and the
     # validation of epoch 1 ends training (patience 1).
     text = open(copy).read()
@@ -355,25 +323,31 @@ def test_accumulation_and_early_stopping_resume_exactly(tmp_path,
     common = [*FAST, "--fanout", "5,5,5", "--epochs", 4, "--seed", 3,
               "--max-batches", 6, "--dataset", small_dataset]
     # 6 steps and one check after validation per epoch; each step reads the
-    # previous step's check. Check 2 is read at step 3, which only adds its
-    # gradients (ACCUMULATE = 2): the stop waits for step 4's optimizer
-    # step. Stopping at step 3 would lose half an accumulation.
+    # previous step's check. Check 9 (epoch 1's second step) is read at
+    # step 3, which only adds its gradients (ACCUMULATE = 2): the stop waits
+    # for step 4's optimizer step. Stopping at step 3 would lose half an
+    # accumulation.
     uninterrupted, stopped = run_examples(
         ([*common, "--checkpoint-dir", tmp_path / "u"], NO_GPU),
         ([*common, "--checkpoint-dir", tmp_path / "s"],
-         {**NO_GPU, "TEST_SIGTERM_AT_CHECK": "2"}), script=copy)
+         {**NO_GPU, "TEST_SIGTERM_AT_CHECK": "9"}), script=copy)
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     ckpt = tmp_path / "s" / gbrun.checkpoint.CHECKPOINT_FILE
     checkpoint = torch.load(ckpt, weights_only=True)
-    assert (checkpoint["epoch"], checkpoint["step"]) == (0, 4)
+    assert (checkpoint["epoch"], checkpoint["step"]) == (1, 4)
+    # The schedule's state is saved: epoch 1 runs at the cosine's rate for
+    # epoch 1 of 4 (a schedule resumed from scratch would train it at 0.001).
+    assert checkpoint["scheduler"]["last_epoch"] == 1
+    lr = checkpoint["optimizer"]["param_groups"][0]["lr"]
+    assert lr == pytest.approx(0.001 * (1 + math.cos(math.pi / 4)) / 2)
     assert "Early stopping before epoch 2." in uninterrupted.stdout
     assert len(epoch_lines(uninterrupted.stdout)) == 2
-    # Resumed at epoch 0, step 4: 2 steps left (checks 1-2) and epoch 0's
-    # check 3, then epoch 1's steps (checks 4-9) and its check 10, after
-    # the validation that ends training: the stop comes at epoch 2.
+    # Resumed at epoch 1, step 4: 2 steps left (checks 1-2), then epoch 1's
+    # check 3, after the validation that ends training: the stop comes at
+    # epoch 2.
     resumed = [*common, "--checkpoint-dir", tmp_path / "s", "--resume"]
-    second = run_example(resumed, env={**NO_GPU, "TEST_SIGTERM_AT_CHECK": "10"},
+    second = run_example(resumed, env={**NO_GPU, "TEST_SIGTERM_AT_CHECK": "3"},
                          script=copy)
     assert second.returncode == 128 + signal.SIGTERM, second.stderr[-3000:]
     assert torch.load(ckpt, weights_only=True)["kept"]["worse_epochs"] == 1

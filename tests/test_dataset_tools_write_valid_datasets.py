@@ -254,6 +254,10 @@ BAD_INPUTS = {
                              ("labels.npy", "a multi-hot array holds 0 or 1, got 2 at row 4, column 1")),
     "multi_hot_columns": (_save("labels", np.zeros((N, 2), dtype=np.int64)), ["--num-classes", "3"],
                           ("labels.npy", "one column per class; got 2 columns for --num-classes 3")),
+    "values_int": (_save("labels", np.zeros(N, dtype=np.int64)), ["--label-kind", "value"],
+                   ("labels.npy", "values to regress are a 1-D or 2-D float array, got dtype int64")),
+    "values_nan": (_save("labels", np.where(np.arange(N) == 3, np.nan, 0.5)), ["--label-kind", "value"],
+                   ("labels.npy", "non-finite value nan at row 3, column 0")),
     "extra_feature_rows": (_save("degree", np.zeros((N - 2, 1))), ["--feature", "degree=DEGREE"],
                            ("degree.npy", f"{N - 2} rows but {N} nodes")),
     "extra_feature_nan": (_save("degree", np.full((N, 1), np.nan)), ["--feature", "degree=DEGREE"],
@@ -330,6 +334,25 @@ def test_multi_hot_labels_and_extra_features_round_trip(tmp_path):
     nodes, labels = dataset.tasks[0].validation_set[:]
     np.testing.assert_array_equal(nodes.numpy(), arrays["val"])
     np.testing.assert_array_equal(labels.numpy(), tags[arrays["val"]])
+
+
+def test_values_to_regress_round_trip(tmp_path):
+    # Node regression (LABELS = "value"): one float per node is written as
+    # rows of one, with num_classes 1.
+    paths, arrays = make_inputs(tmp_path)
+    values = np.random.default_rng(2).normal(size=NUM_NODES)
+    np.save(tmp_path / "values.npy", values)
+    args = convert_args(paths)
+    args[args.index("--labels") + 1] = tmp_path / "values.npy"
+    out = tmp_path / "out"
+    result = run(CONVERT, out, *args, "--label-kind", "value")
+    assert result.returncode == 0, result.stderr
+    assert "3 features, 1 values per node" in result.stdout, result.stdout
+    dataset = load(out)
+    assert dataset.tasks[0].metadata["num_classes"] == 1
+    nodes, labels = dataset.tasks[0].test_set[:]
+    assert labels.dtype == torch_float32() and tuple(labels.shape) == (len(nodes), 1)
+    np.testing.assert_allclose(labels.numpy()[:, 0], values[arrays["test"]], rtol=1e-6)
 
 
 def torch_float32():

@@ -397,6 +397,14 @@ def test_partition_outputs(partitions):
         assert torch.equal(data["_N/train_mask"].bool(), in_train)
     assert not [name for name in os.listdir(partitions["out"])
                 if name.startswith(".features")]
+    # The trainer's Job holds the dataset's item sets, renumbered as the
+    # partitions number the nodes.
+    item_sets = gbrun.distributed.load_item_sets(partitions["out"])
+    for split, item_set in zip(gbrun.datasets.SPLITS, item_sets):
+        seeds, labels = item_set[:]
+        expected_seeds, expected_labels = getattr(dataset.tasks[0], split)[:]
+        assert torch.equal(orig_nids[seeds], expected_seeds)
+        assert torch.equal(labels, expected_labels)
 
 
 @pytest.mark.parametrize("make_bad, message", [
@@ -606,22 +614,35 @@ def node_features(data):
 
 
 @pytest.fixture(scope="module")
-def stopped_and_resumed(partitions, tmp_path_factory):
-    """A copy of the example with docs/customising.md's cosine and macro-F1
-    edits, trained on 2 machines x 2 trainers, SIGTERM to the launcher in
-    epoch 1, then resumed to the end. Returns both runs' (code, stdout,
-    stderr), their --dump-seeds directories and the output directory."""
+def stopped_and_resumed(partitions, dataset, tmp_path_factory):
+    """A copy of the example with docs/customising.md's cosine, macro-F1,
+    gradient accumulation and early stopping edits, trained on 2 machines x
+    2 trainers, SIGTERM to the launcher in epoch 1, then resumed to the
+    end. Early stopping, made to stop after epoch 1 (of 3), ends training
+    on every trainer at once. Returns both runs' (code, stdout, stderr),
+    their --dump-seeds directories and the output directory."""
     if missing_prerequisite() is not None:
         return None
     out = tmp_path_factory.mktemp("stopped")
-    example = edited_copy(out, "cosine", "macro_f1")
+    example = edited_copy(out, "cosine", "macro_f1", "accumulation",
+                          "early_stopping")
     with open(example) as f:
         text = f.read()
-    # An edit of run(), visible in its output: the trainers run the copy's.
-    text = text.replace('print("Training...")', 'print("Training, edited run()...")')
+    for old, new in (("PATIENCE = 3", "PATIENCE = 1"),
+                     ("MIN_DELTA = 0.0", "MIN_DELTA = 1.0")):
+        assert text.count(old) == 1
+        text = text.replace(old, new)
+    # An edit of run(), visible in its output: the trainers run the copy's,
+    # and it reads the training labels from the Job, as on one machine
+    # (class weights would).
+    text = text.replace('print("Training...")', (
+        'print("Training, edited run()...", "train labels per class",\n'
+        '              torch.bincount(job.item_sets[0][:][1],\n'
+        '                             minlength=job.num_classes).tolist())'))
     with open(example, "w") as f:
         f.write(text + SLOW_BATCHES)
-    common = [*STOPPED_ARGS, "--example", example, "--checkpoint-dir",
+    common = [*STOPPED_ARGS, "--epochs", 3, "--example", example,
+              "--checkpoint-dir",
               out / "ckpt", "--log-dir", out / "logs"]
     stopped_dir = out / "stopped"
     stopped_dir.mkdir()
@@ -639,7 +660,8 @@ def stopped_and_resumed(partitions, tmp_path_factory):
     resumed = launch(partitions["part_config"],
                      [*common, "--resume", "--dump-seeds", out / "seeds2"],
                      resumed_dir, launcher_args=["--trainers-per-machine", 2])
-    return {"stopped": stopped, "resumed": resumed, "out": out}
+    return {"stopped": stopped, "resumed": resumed, "out": out,
+            "dataset": dataset}
 
 
 @pytest.mark.slow
@@ -649,10 +671,18 @@ def test_the_examples_edits_train_on_two_machines(namespaces,
     assert code == 0, err[-3000:]
     assert "Training with 4 trainers." in out
     assert "Training, edited run()..." in out
+    # The Job's training item set is the dataset's, node for node.
+    import dgl.graphbolt as gb
+
+    labels = gb.OnDiskDataset(stopped_and_resumed["dataset"]).load().tasks[
+        0].train_set[:][1]
+    counts = torch.bincount(labels, minlength=NUM_CLASSES).tolist()
+    assert f"train labels per class {counts}" in out, out
     # The edited example's metric, in its full epoch line; the cosine
     # schedule's state came back from the checkpoint.
     epochs = EPOCH_LINE.findall(out)
     assert [e[0] for e in epochs] == ["00001"], out
+    assert "Early stopping before epoch 2." in out
     assert {e[1] for e in epochs} == {"Macro-F1"}
     assert TEST_LINE.search(out).group(1) == "Macro-F1"
     assert float(TEST_LINE.search(out).group(2)) > 2 / NUM_CLASSES
@@ -674,6 +704,8 @@ def test_sigterm_stops_every_trainer_at_one_step_with_a_checkpoint(
                      r"checkpoint saved in (\S+); run the same command with "
                      r"--resume to continue\.$", out, re.M)
     assert stop, out[-2000:]
+    # Gradients of 2 batches make a step: a stop waits for one.
+    assert int(stop.group(1)) % 2 == 0, out[-2000:]
     assert "Resuming from" in stopped_and_resumed["resumed"][1]
     # model.pt loads on a machine without a GPU.
     model = subprocess.run(

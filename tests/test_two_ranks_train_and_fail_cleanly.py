@@ -408,3 +408,37 @@ def test_a_rank_still_exiting_after_the_grace_is_a_stop_not_a_failure():
     finally:
         for process in context.processes:
             process.kill()
+
+
+@pytest.mark.slow
+def test_a_loader_on_rank_0_alone_after_the_test_fails_within_seconds(
+        small_dataset, tmp_path):
+    # A user's edit: after the test, rank 0 alone iterates a GraphBolt
+    # DataLoader. torch's DataLoader makes a process group with every rank
+    # each time it is iterated, so rank 0 waits for rank 1, which finished.
+    text = open(SCRIPT).read()
+    old = '''            "metric": METRIC, f"test_{METRIC.lower()}": metric.item(),
+        })
+'''
+    assert text.count(old) == 1
+    copy = tmp_path / "predicts_on_rank_0.py"
+    copy.write_text(text.replace(old, old + '''        loader = gb.DataLoader(gb.ItemSampler(gb.ItemSet(10), batch_size=5))
+        print("rank 0 alone:", sum(len(items) for items in loader))
+'''))
+    job = start([sys.executable, str(copy), "--gpu=0,1", "--dataset",
+                 small_dataset, "--epochs", "1", "--max-batches", "2",
+                 "--finish-timeout", "3", *FAST, *CPU])
+    try:
+        read_until(job, r"(?m)^Test Accuracy", 120)
+        ranks = spawned_ranks(job.pid)
+        began = time.time()
+        result = finish(job, 60)
+        assert time.time() - began < 20
+        assert result.returncode == 1, result.stderr[-3000:]
+        assert "rank 0 alone" not in result.stdout
+        assert result.stderr.count(
+            "rank 1 failed: it finished run() and waited 3 s "
+            "(--finish-timeout) for the other ranks") == 1, result.stderr
+        assert all(gone(rank) for rank in ranks)
+    finally:
+        kill_session(job)
