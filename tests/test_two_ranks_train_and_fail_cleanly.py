@@ -410,35 +410,30 @@ def test_a_rank_still_exiting_after_the_grace_is_a_stop_not_a_failure():
             process.kill()
 
 
+def _loader_on_rank_0_alone(rank):
+    import torch
+
+    from gbrun import launch
+    from gbrun.graphbolt import gb
+
+    if rank == 0:
+        # A user's edit after the test: rank 0 alone iterates a GraphBolt
+        # DataLoader. torch's DataLoader makes a process group with every
+        # rank each time it is iterated: rank 0 waits for rank 1.
+        loader = gb.DataLoader(gb.ItemSampler(gb.ItemSet(10), batch_size=5))
+        return sum(len(items) for items in loader)
+    # Rank 1 has finished run(): gbrun.launch.run_rank's end.
+    plan = SimpleNamespace(finish_timeout=3,
+                           device=lambda rank: torch.device("cpu"))
+    launch.wait_for_every_rank(rank, plan)
+
+
 @pytest.mark.slow
-def test_a_loader_on_rank_0_alone_after_the_test_fails_within_seconds(
-        small_dataset, tmp_path):
-    # A user's edit: after the test, rank 0 alone iterates a GraphBolt
-    # DataLoader. torch's DataLoader makes a process group with every rank
-    # each time it is iterated, so rank 0 waits for rank 1, which finished.
-    text = open(SCRIPT).read()
-    old = '''            "metric": METRIC, f"test_{METRIC.lower()}": metric.item(),
-        })
-'''
-    assert text.count(old) == 1
-    copy = tmp_path / "predicts_on_rank_0.py"
-    copy.write_text(text.replace(old, old + '''        loader = gb.DataLoader(gb.ItemSampler(gb.ItemSet(10), batch_size=5))
-        print("rank 0 alone:", sum(len(items) for items in loader))
-'''))
-    job = start([sys.executable, str(copy), "--gpu=0,1", "--dataset",
-                 small_dataset, "--epochs", "1", "--max-batches", "2",
-                 "--finish-timeout", "3", *FAST, *CPU])
-    try:
-        read_until(job, r"(?m)^Test Accuracy", 120)
-        ranks = spawned_ranks(job.pid)
-        began = time.time()
-        result = finish(job, 60)
-        assert time.time() - began < 20
-        assert result.returncode == 1, result.stderr[-3000:]
-        assert "rank 0 alone" not in result.stdout
-        assert result.stderr.count(
-            "rank 1 failed: it finished run() and waited 3 s "
-            "(--finish-timeout) for the other ranks") == 1, result.stderr
-        assert all(gone(rank) for rank in ranks)
-    finally:
-        kill_session(job)
+def test_a_loader_on_rank_0_alone_fails_within_seconds(tmp_path, capfd):
+    began = time.time()
+    with pytest.raises(Exception, match="process 1 terminated with exit code 1"):
+        run_gloo_group(_loader_on_rank_0_alone, 2, tmp_path, timeout=60)
+    assert time.time() - began < 30
+    err = capfd.readouterr().err
+    assert err.count("rank 1 failed: it finished run() and waited 3 s "
+                     "(--finish-timeout) for the other ranks") == 1, err
