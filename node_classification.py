@@ -43,14 +43,19 @@ main
       │           │
       │           └───> Collect accuracy and loss from all ranks (HIGHLIGHT)
       │
-      └───> Test set evaluation
+      ├───> Test set evaluation
+      │
+      └───> predict (--predict): every node, layer by layer over full
+            neighbourhoods, each rank its share; rank 0 writes the file
 """
 import argparse
 import time
 
 # First: one line, not a traceback, where GraphBolt cannot load.
 from gbrun.graphbolt import gb, graphbolt_options
-from gbrun import checkpoint, cli, datasets, launch, metrics, placement, tuning
+from gbrun import (
+    checkpoint, cli, datasets, launch, metrics, placement, predicting, tuning,
+)
 from gbrun.distributed import Partitions
 from gbrun.progress import Progress
 
@@ -90,10 +95,12 @@ class SAGE(nn.Module):
         # pair in one pass (--fused-dropout), as any other nn.Dropout.
         self.relu_dropout = nn.Sequential(nn.ReLU(), nn.Dropout(0.5))
 
-    def forward(self, blocks, x):
+    def forward(self, blocks, x, first_layer=0):
+        # One layer per block, from `first_layer` on: all of them when
+        # training, one at a time when predicting every node (predict).
         hidden_x = x
-        for layer_idx, (layer, block) in enumerate(zip(self.layers, blocks)):
-            hidden_x = layer(block, hidden_x)
+        for layer_idx, block in enumerate(blocks, first_layer):
+            hidden_x = self.layers[layer_idx](block, hidden_x)
             is_last_layer = layer_idx == len(self.layers) - 1
             if not is_last_layer:
                 hidden_x = self.relu_dropout(hidden_x)
@@ -209,6 +216,17 @@ def create_metric(num_classes):
     )
 
 
+def to_prediction(y_hat):
+    """What --predict writes for each node, from the model's outputs: the
+    class (int64) for LABELS "class", each class's probability for
+    "multi-hot", the values themselves for "value"."""
+    if LABELS == "class":
+        return y_hat.argmax(dim=1)
+    if LABELS == "multi-hot":
+        return torch.sigmoid(y_hat)
+    return y_hat
+
+
 @torch.no_grad()
 def evaluate(model, dataloader, num_classes, device):
     """The metric over every item of `dataloader`, exact on every rank:
@@ -225,6 +243,26 @@ def evaluate(model, dataloader, num_classes, device):
             y_hat = model.module(data.blocks, x)
         metric.update(y_hat.float(), data.labels)
     return metric.compute()
+
+
+@torch.no_grad()
+def predict(model, dataloader, every_node, device):
+    """Every node's outputs, layer by layer over full neighbourhoods (DGL's
+    layerwise_infer): each layer runs over all nodes, each rank computing
+    its share, before the next one reads them. Returned on rank 0."""
+    model.eval()
+    for layer_idx in range(len(model.module.layers)):
+        for data in every_node.batches(dataloader, layer_idx):
+            if layer_idx == 0:
+                x = node_features(data)
+            else:
+                x = every_node.inputs(data)  # the previous layer's outputs
+            with torch.autocast(device.type, torch.bfloat16,
+                                enabled=x.dtype == torch.bfloat16):
+                y_hat = model.module(data.blocks, x, first_layer=layer_idx)
+            every_node.add(data, y_hat)
+        every_node.exchange()  # every rank, after each layer
+    return every_node.outputs
 
 
 def train(rank, args, model, optimizer, scheduler, train_loader, valid_loader,
@@ -357,10 +395,10 @@ def run(rank, plan, args, job):
 
     train_set, valid_set, test_set = item_sets
 
-    def dataloader(itemset, is_train):
+    def dataloader(itemset, is_train, fanout=job.fanout):
         return create_dataloader(
             graph, features, itemset, device, plan.storage, is_train, args,
-            job.fanout,
+            fanout,
         )
 
     train_loader = dataloader(train_set, is_train=True)
@@ -383,6 +421,14 @@ def run(rank, plan, args, job):
         progress.save_final({
             "metric": METRIC, f"test_{METRIC.lower()}": metric.item(),
         })
+
+    if args.predict:
+        # Every node's prediction, in the dataset's node ids (rank 0 writes
+        # the file); one full-neighbourhood layer at a time (fanout -1).
+        every_node = predicting.EveryNode(job, graph, progress)
+        all_nodes = dataloader(every_node.item_set, False, fanout=[-1])
+        outputs = predict(model, all_nodes, every_node, device)
+        every_node.save(to_prediction(outputs), args.predict, LABELS)
 
 
 def load_job(args, plan):

@@ -56,8 +56,7 @@ import gbrun.distributed
 # refused before they load (seconds).
 
 DATASET_INFO_FILE = "dataset_info.json"
-# orig_nids[i] is the dataset id of node i in the partitioned graph.
-ORIG_NIDS_FILE = "orig_nids.pt"
+ORIG_NIDS_FILE = gbrun.distributed.ORIG_NIDS_FILE
 DEFAULT_EXAMPLE = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     "node_classification.py")

@@ -16,6 +16,8 @@ count, the function each rank runs) as arguments. Import the module you use
     graphbolt   GraphBolt's import, its API shapes by release, the private
                 attributes read
     metrics     torchmetrics across ranks where a rank has no items
+    predicting  --predict: every node, layer by layer across ranks, and the
+                file in the dataset's node ids
     distributed DGL's distributed engine under the example's loop (imported
                 by the distributed trainer only)
     tuning      a rank's settings for speed: CPU memory, the prefetcher, the

@@ -195,11 +195,12 @@ def check_resume(checkpoint, args, world_size, epochs):
             f"--seed {args.seed}: the checkpoint was made with --seed "
             f"{checkpoint['seed']}"
         )
-    if checkpoint["epoch"] >= epochs:
+    if checkpoint["epoch"] >= epochs and not getattr(args, "predict", None):
         # The example names its epoch count's option; gbrun does not.
         raise UsageError(
             f"{epochs} epochs to train: the checkpoint has already trained "
-            f"{checkpoint['epoch']} epochs; ask for more epochs"
+            f"{checkpoint['epoch']} epochs; ask for more epochs, or add "
+            "--predict FILE to predict with it"
         )
 
 

@@ -48,6 +48,9 @@ class ArgumentParser(argparse.ArgumentParser):
         parsed, rest = super().parse_known_args(args, namespace)
         if getattr(parsed, "resume", False) and not parsed.checkpoint_dir:
             self.error("--resume needs --checkpoint-dir")
+        predict = getattr(parsed, "predict", None)
+        if predict is not None and not predict.endswith(".npy"):
+            self.error(f"--predict {predict}: the file's name ends in .npy")
         return parsed, rest
 
 
@@ -109,6 +112,13 @@ def add_run_options(parser):
     run.add_argument(
         "--resume", action="store_true",
         help="Continue from the checkpoint in --checkpoint-dir.",
+    )
+    run.add_argument(
+        "--predict", default=None, metavar="FILE",
+        help="After training and the test, write every node's prediction to"
+        " FILE (.npy, a row per node in the dataset's node ids), computed"
+        " layer by layer over full neighbourhoods. With --resume of a"
+        " finished run: predict without training.",
     )
     run.add_argument(
         "--finish-timeout", type=positive_float, default=60.0,

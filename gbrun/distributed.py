@@ -38,6 +38,8 @@ ESTABLISHED, LISTEN = "01", "0A"  # TCP states as /proc/net/tcp shows them
 # The dataset's item sets in the partitioned graph's node ids (written by
 # partition_graph.py): the trainer's Job holds them, as on one machine.
 ITEM_SETS_FILE = "item_sets.pt"
+# orig_nids[i] is the dataset id of node i in the partitioned graph.
+ORIG_NIDS_FILE = "orig_nids.pt"
 SPLITS = ("train_set", "validation_set", "test_set")
 
 
@@ -112,6 +114,10 @@ class Partitions:
             for name in ("train", "val", "test"))
         return self, self.g, splits
 
+    def every_node(self):
+        """gbrun.predicting's outputs of every node on this engine."""
+        return DistOutputs(self.g, self.part_config)
+
     def dataloader(self, nids, is_train, batch_size, fanout, feature_keys,
                    label_key, device):
         """The example's create_dataloader() on this data source: a
@@ -132,6 +138,53 @@ class Partitions:
         if is_train and dist.get_rank() == self.fail_rank:
             loader.fail_after = self.fail_after
         return loader
+
+
+class DistOutputs:
+    """gbrun.predicting's layer outputs of every node on DGL's distributed
+    engine: this trainer's even share of all nodes (`item_set`), and each
+    layer's outputs in a DistTensor on the graph servers, as DGL's
+    distributed example infers (one tensor a layer, persistent: DGL deletes
+    a tensor with a collective that __del__ would run at any time), read
+    back in the dataset's node ids through the partitioner's orig_nids."""
+
+    def __init__(self, g, part_config):
+        import torch.distributed as dist
+
+        self.g, self.num_nodes = g, g.num_nodes()
+        self.part_dir = os.path.dirname(part_config)
+        # node_split takes a mask: every node, once, shared evenly (DGL's
+        # example passes np.arange(N), a mask that leaves out node 0).
+        self.item_set = dgl.distributed.node_split(
+            torch.ones(self.num_nodes, dtype=torch.bool),
+            g.get_partition_book(), rank=dist.get_rank(), force_even=True)
+        self.previous, self.layers = None, 0
+
+    def read(self, nodes):
+        return self.previous[nodes]
+
+    def exchange(self, ids, values, width):
+        outputs = dgl.distributed.DistTensor(
+            (self.num_nodes, width), torch.float32,
+            f"gbrun_predict_layer{self.layers}", persistent=True)
+        if len(ids):
+            outputs[ids] = values
+        self.g.barrier()  # every trainer's rows are on the servers
+        self.previous, self.layers = outputs, self.layers + 1
+
+    def outputs(self, here):
+        if not here:
+            return torch.zeros(0, self.previous.shape[1])
+        return self.previous[torch.arange(self.num_nodes)]
+
+    def dataset_ids(self):
+        from .cli import UsageError
+
+        path = os.path.join(self.part_dir, ORIG_NIDS_FILE)
+        if not os.path.isfile(path):
+            raise UsageError(f"{self.part_dir} has no {ORIG_NIDS_FILE}: "
+                             "partition again with partition_graph.py")
+        return torch.load(path, weights_only=True)
 
 
 class DistLoader:
@@ -175,6 +228,7 @@ class DistLoader:
             values = self.g.ndata[key][input_nodes]
             features[key] = values.to(self.dtype or values.dtype)
         return SimpleNamespace(
+            input_nodes=input_nodes, seed_nodes=seeds,
             blocks=[block.to(self.device) for block in blocks],
             node_features={key: value.to(self.device)
                            for key, value in features.items()},

@@ -504,8 +504,8 @@ def wait_for_every_rank(rank, plan):
               "ranks, which have not: a rank that runs collectives alone "
               "after training waits for ever for the others (a GraphBolt or "
               "torch DataLoader, a metric's compute() or a reduce on some "
-              "ranks only). Run evaluation on every rank, and predict from "
-              "model.pt in a process of its own (docs/customising.md)",
+              "ranks only). Run evaluation on every rank, and predict with "
+              "--predict (docs/customising.md)",
               file=sys.stderr, flush=True)
         os._exit(1)
 

@@ -76,12 +76,14 @@ def multi_label_dataset(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def reference_run(small_dataset, tmp_path_factory):
-    """(CompletedProcess, directory with ckpt/ and logs/) of REFERENCE on
-    the small dataset, run once per session."""
+    """(CompletedProcess, directory with ckpt/, logs/ and predictions.npy)
+    of REFERENCE on the small dataset, with --predict, run once per
+    session."""
     out = tmp_path_factory.mktemp("reference")
     result = run_example(
         [*REFERENCE, "--dataset", small_dataset,
-         "--checkpoint-dir", out / "ckpt", "--log-dir", out / "logs"],
+         "--checkpoint-dir", out / "ckpt", "--log-dir", out / "logs",
+         "--predict", out / "predictions.npy"],
         env=NO_GPU,
     )
     assert result.returncode == 0, result.stderr[-3000:]

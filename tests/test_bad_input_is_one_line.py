@@ -69,6 +69,8 @@ def rename_feat(metadata):
         (["--max-batches", "0"], "--max-batches: 0 is too small"),
         (["--master-port", "x"], "--master-port: 'x' is not an integer"),
         (["--seed", "-1"], "--seed: -1 is too small (at least 0)"),
+        (["--predict", "out.csv"],
+         "--predict out.csv: the file's name ends in .npy"),
         (["--epochs", "1.5"], "--epochs: '1.5' is not an integer"),
         (["--gpu-cache-size", "-1"], "--gpu-cache-size: -1 is too small"),
         (["--lr", "x"], "--lr: 'x' is not a number"),

@@ -239,8 +239,15 @@ def test_multi_label_with_the_best_model_kept_across_a_resume(
     assert re.search(r"^Test Micro-F1 0\.[5-9]\d{3}$", uninterrupted.stdout,
                      re.M), uninterrupted.stdout
     resumed = run_example([*common, "--checkpoint-dir", tmp_path / "s",
-                           "--resume"], env=NO_GPU, script=copy)
+                           "--resume", "--predict", tmp_path / "p.npy"],
+                          env=NO_GPU, script=copy)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # --predict writes every node's scores (to_prediction follows LABELS).
+    import numpy as np
+
+    scores = np.load(tmp_path / "p.npy")
+    assert scores.dtype == np.float32 and scores.shape == (3000, 5)
+    assert 0 <= scores.min() and scores.max() <= 1
 
     def saved(run):
         best = torch.load(tmp_path / run / "best.pt", weights_only=True)
@@ -406,8 +413,15 @@ def test_node_regression_is_exact_over_ranks_and_resumes_exactly(
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     resumed = run_example([*common, "--checkpoint-dir", tmp_path / "s",
-                           "--resume"], env=NO_GPU, script=copy)
+                           "--resume", "--predict", tmp_path / "p.npy"],
+                          env=NO_GPU, script=copy)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # --predict writes every node's scores (to_prediction follows LABELS).
+    import numpy as np
+
+    scores = np.load(tmp_path / "p.npy")
+    assert scores.dtype == np.float32 and scores.shape == (3000, 5)
+    assert 0 <= scores.min() and scores.max() <= 1
     assert "at epoch 1, step 3." in resumed.stdout
     line = re.compile(r"^(Epoch \d+ \| Average Loss \S+ \| MAE \S+) \|"
                       r"|^(Test MAE \d+\.\d{4})$", re.M)

@@ -774,14 +774,16 @@ def options_run(random_partitions, tmp_path_factory):
         code, out, err = launch(
             random_partitions["part_config"],
             [*TRAIN_ARGS, "--epochs", EPOCHS, "--num-workers", 1,
-             "--use-graphbolt"],
+             "--use-graphbolt", "--predict", log_dir / "predictions.npy"],
             log_dir, launcher_args=["--servers-per-machine", 2])
         single_out, single_err = single.communicate(timeout=JOB_TIMEOUT_S)
     finally:
         single.kill()
         single.wait()
     return {"code": code, "stdout": out, "stderr": err,
-            "single": (single.returncode, single_out, single_err)}
+            "single": (single.returncode, single_out, single_err),
+            "predictions": log_dir / "predictions.npy",
+            "dataset": random_partitions["dataset"]}
 
 
 def servers_say_graphbolt(stderr, num_machines=2, servers=2):
@@ -824,6 +826,32 @@ def test_accuracy_matches_single_machine_example(namespaces, options_run):
     expected = float(TEST_LINE.search(single).group(2))
     got = float(TEST_LINE.search(options_run["stdout"]).group(2))
     assert abs(got - expected) <= ACCURACY_MARGIN, (got, expected)
+
+
+@pytest.mark.slow
+def test_predictions_of_every_node_in_the_datasets_ids(namespaces,
+                                                       options_run):
+    """--predict on random partitions (node ids thoroughly renumbered): the
+    file has a class for every node of the dataset, and its test nodes
+    score what the printed test metric says."""
+    import numpy as np
+
+    assert options_run["code"] == 0, options_run["stderr"][-3000:]
+    predictions = np.load(options_run["predictions"])
+    task = gb_dataset(options_run["dataset"]).tasks[0]
+    ids, labels = (t.numpy() for t in task.test_set[:])
+    assert predictions.dtype == np.int64
+    assert predictions.shape == (gb_dataset(options_run["dataset"]).graph
+                                 .total_num_nodes,)
+    printed = float(TEST_LINE.search(options_run["stdout"]).group(2))
+    assert float((predictions[ids] == labels).mean()) == pytest.approx(
+        printed, abs=0.03)
+
+
+def gb_dataset(path):
+    import gbrun.datasets
+
+    return gbrun.datasets.load_dataset(path)
 
 
 # --- Failures end the job, promptly and cleanly ---------------------------------
