@@ -22,7 +22,7 @@ def items_of_test_set(dataset_dir):
 
 @pytest.mark.slow
 def test_two_ranks_and_a_one_rank_resume_predict_the_same_file(
-        reference_run, small_dataset, tmp_path):
+        reference_run, small_dataset, tmp_path, capsys, monkeypatch):
     reference, out = reference_run
     first = np.load(out / "predictions.npy")
     assert first.dtype == np.int64 and first.shape == (3000,)
@@ -47,12 +47,17 @@ def test_two_ranks_and_a_one_rank_resume_predict_the_same_file(
     second = np.load(tmp_path / "again.npy")
     # Equal but for ties between two classes' float outputs.
     assert (first == second).mean() > 0.998
-    # Without --predict, the finished checkpoint is refused, naming it.
-    refused = run_example(
-        ["--gpu=0", *args, "--dataset", small_dataset, "--checkpoint-dir",
-         tmp_path / "ckpt", "--resume"], env=NO_GPU)
-    assert refused.returncode == 2
-    assert refused.stderr.strip().endswith(
+    # Without --predict, the finished checkpoint is refused, naming it,
+    # before any rank starts.
+    import gbrun.launch
+    import node_classification as nc
+
+    monkeypatch.setattr(gbrun.launch.mp, "spawn", None)
+    with pytest.raises(SystemExit) as exit_info:
+        nc.main(["--gpu=0", *map(str, args), "--dataset", small_dataset,
+                 "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(
         "ask for more epochs, or add --predict FILE to predict with it")
 
 
