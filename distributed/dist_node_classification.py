@@ -56,8 +56,8 @@ import inspect
 import gbrun.graphbolt  # noqa: F401 (first: one line if DGL cannot load)
 from gbrun import checkpoint, cli, datasets, launch
 from gbrun.distributed import (
-    Partitions, exit_when_clients_are_gone, fail_fast, load_item_sets,
-    samplers_die_with_trainer,
+    FIRST_CLIENT_TIMEOUT_S, Partitions, exit_when_clients_are_gone,
+    fail_fast, load_item_sets, samplers_die_with_trainer, unlink_job_memory,
 )
 
 import dgl
@@ -250,6 +250,12 @@ def parse_args(argv=None):
         help="Sample with GraphBolt on the servers (partitions written with "
         "partition_graph.py --use-graphbolt).")
     parser.add_argument(
+        "--first-client-timeout", type=cli.positive_float,
+        default=FIRST_CLIENT_TIMEOUT_S,
+        help="Seconds a graph server, once it serves its partition, waits for"
+        " the first trainer before it exits (a trainer that failed before"
+        " connecting never comes). Loading the partition does not count.")
+    parser.add_argument(
         "-h", "--help", action="store_true",
         help="Show this help, then the example's options.")
     debug = parser.add_argument_group("debugging (used by the tests)")
@@ -300,7 +306,9 @@ def main(argv=None):
         port = dgl.distributed.rpc.read_ip_config(
             args.ip_config, int(os.environ["DGL_NUM_SERVER"])
         )[int(os.environ["DGL_SERVER_ID"])][2]
-        exit_when_clients_are_gone(port)
+        exit_when_clients_are_gone(
+            port, first_timeout_s=args.first_client_timeout,
+            on_leave=lambda: unlink_job_memory(job.dataset.graph_name))
     # Servers never return from here; trainers connect to every server.
     dgl.distributed.initialize(args.ip_config, use_graphbolt=args.use_graphbolt)
     samplers_die_with_trainer()
@@ -312,7 +320,7 @@ def main(argv=None):
         # The example's run(); on a failure, this trainer ends at once
         # (fail_fast). DGL's exit hook then shuts the servers.
         launch.run_rank(plan.rank_offset, example.run, plan, args, job,
-                        on_failure=fail_fast)
+                        on_failure=lambda: fail_fast(job.dataset.graph_name))
     finally:
         if job.dataset.record is not None:
             torch.save(job.dataset.record, os.path.join(

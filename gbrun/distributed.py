@@ -14,6 +14,7 @@ trainer (die_with_trainer).
 """
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -272,19 +273,25 @@ class DistLoader:
 
 def exit_when_clients_are_gone(port, grace_s=CLIENTS_GONE_GRACE_S,
                                first_timeout_s=FIRST_CLIENT_TIMEOUT_S,
-                               poll_s=1.0):
+                               poll_s=1.0, on_leave=None):
     """In a graph server, before it starts serving (a daemon thread): the
     server process exits with status 1 once every client connection to
     `port` (trainers and samplers) has closed for `grace_s` without the
     shutdown request that ends a job well, or when no client has come
-    within `first_timeout_s`. DGL's server would otherwise wait for ever:
-    the receive thread of a client that died without closing its stream
-    spins on the closed socket, and the shutdown request never comes."""
+    within `first_timeout_s` of the server listening (it listens once its
+    partition is loaded, however long that takes). DGL's server would
+    otherwise wait for ever: the receive thread of a client that died
+    without closing its stream spins on the closed socket, and the shutdown
+    request never comes. `on_leave()` runs before the exit (the server's
+    shared memory is unlinked there: os._exit skips DGL's cleanup)."""
 
     def watch():
-        started, seen, gone_since = time.monotonic(), False, None
+        listening_since, seen, gone_since = None, False, None
         while True:
-            states = connection_states(port)
+            states = port_states(port)
+            if LISTEN in states:
+                listening_since = listening_since or time.monotonic()
+            states.discard(LISTEN)
             seen = seen or bool(states)
             if ESTABLISHED in states:
                 gone_since = None
@@ -292,17 +299,21 @@ def exit_when_clients_are_gone(port, grace_s=CLIENTS_GONE_GRACE_S,
                 gone_since = gone_since or time.monotonic()
                 if time.monotonic() - gone_since > grace_s:
                     leave("every trainer has gone without shutting the "
-                          "graph servers down (a trainer failed)")
-            elif time.monotonic() - started > first_timeout_s:
-                leave(f"no trainer connected within {first_timeout_s} s")
+                          "graph servers down (a trainer failed)", on_leave)
+            elif (listening_since is not None
+                  and time.monotonic() - listening_since > first_timeout_s):
+                leave(f"no trainer connected within {first_timeout_s:g} s "
+                      "of the partition being served (--first-client-"
+                      "timeout)", on_leave)
             time.sleep(poll_s)
 
     threading.Thread(target=watch, daemon=True, name="clients-gone").start()
 
 
-def connection_states(port):
+def port_states(port):
     """The TCP states (hex, as /proc/net/tcp shows them) of this network
-    namespace's sockets whose local port is `port`, but the listening one."""
+    namespace's sockets whose local port is `port`, the listening one
+    included."""
     states = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -311,15 +322,18 @@ def connection_states(port):
         except OSError:
             continue
         states.update(row[3] for row in rows
-                      if int(row[1].rsplit(":", 1)[1], 16) == port
-                      and row[3] != LISTEN)
+                      if int(row[1].rsplit(":", 1)[1], 16) == port)
     return states
 
 
-def leave(reason):
+def leave(reason, on_leave=None):
     print(f"graph server {os.getpid()}: {reason}; exiting", file=sys.stderr,
           flush=True)
-    os._exit(1)
+    try:
+        if on_leave is not None:
+            on_leave()
+    finally:
+        os._exit(1)
 
 
 PR_SET_PDEATHSIG = 1
@@ -345,15 +359,62 @@ def samplers_die_with_trainer():
         pool.submit_task_to_all_workers(die_with_trainer, os.getpid())
 
 
-def fail_fast():
-    """A trainer's end on any error, once its traceback is printed: exit
-    status 1 at once. A clean exit would wait for ever in DGL's exit hook (a
-    barrier with the other trainers) and in gloo's teardown; the other
-    trainers fail at their next collective, and the servers and samplers
-    leave once their trainers have gone (see above)."""
+def fail_fast(graph_name):
+    """A trainer's end on any error, once its traceback is printed: its
+    machine's shared memory of the job (graph `graph_name`) unlinked, then
+    exit status 1 at once. A clean exit would wait for ever in DGL's exit
+    hook (a barrier with the other trainers) and in gloo's teardown; the
+    other trainers fail at their next collective, and the servers and
+    samplers leave once their trainers have gone (see above)."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(1)
+    try:
+        unlink_job_memory(graph_name)
+    finally:
+        os._exit(1)
+
+
+# DGL's shared memory names that do not start with the graph's name (read in
+# v2.1.0: kvstore.py's features and DistTensors, GraphBolt's shared graph).
+DGL_SEGMENT = re.compile(r"-kvdata-$|^dgl\.graphbolt\.")
+
+
+def unlink_job_memory(graph_name):
+    """Unlinks the POSIX shared memory (/dev/shm) of the job that this
+    process maps or holds open: the partition's graph, its partition book,
+    its features and DistTensors, named after `graph_name` or as DGL names
+    them. DGL unlinks them only in destructors or in its own SIGTERM handler
+    (dgl v2.1.0, src/runtime/shared_mem.cc and src/rpc/rpc.cc), which an
+    os._exit or a killed process skips: each failed job would hold a
+    partition's worth of memory until the machine reboots. Unlinking only
+    removes the names; processes that map them go on until they exit.
+    Returns the names unlinked."""
+    names = set()
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6:
+                    names.add(fields[5].strip())
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                names.add(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                continue
+    except OSError:
+        return []
+    unlinked = []
+    for path in sorted(names):
+        name = path[len("/dev/shm/"):]
+        if not path.startswith("/dev/shm/") or path.endswith(" (deleted)"):
+            continue
+        if name.startswith(graph_name) or DGL_SEGMENT.search(name):
+            try:
+                os.unlink(path)
+                unlinked.append(name)
+            except OSError:
+                continue  # another process of the job was first
+    return unlinked
 
 
 def start_one_machine(command, part_config, num_trainers, out_dir,

@@ -940,7 +940,10 @@ def test_a_failed_trainer_ends_its_job_under_tools_launch(tmp_path, dataset):
     environment launch.py exports, and a sampler process; here on
     127.0.0.1, with no launcher that could kill anything. The trainer fails
     after 2 batches: its server and its sampler must be gone within 60 s
-    (DGL's server, waiting for a shutdown request, would run for ever)."""
+    (DGL's server, waiting for a shutdown request, would run for ever), and
+    so must the job's shared memory in /dev/shm (the partition's graph and
+    features: DGL unlinks them only in destructors that os._exit skips)."""
+    started = time.time()
     parts = run_script(os.path.join(DISTRIBUTED, "partition_graph.py"),
                        ["--dataset", dataset, "--num-parts", 1, "--out",
                         tmp_path / "one"])
@@ -972,6 +975,7 @@ def test_a_failed_trainer_ends_its_job_under_tools_launch(tmp_path, dataset):
         assert server.returncode == 1
         assert "every trainer has gone without shutting the graph servers " \
                "down" in (tmp_path / "server.txt").read_text()
+        assert segments_since(started) == []
     finally:
         for pid in marked(marker):
             try:
@@ -981,6 +985,18 @@ def test_a_failed_trainer_ends_its_job_under_tools_launch(tmp_path, dataset):
         server.wait()
         trainer.wait()
 
+
+
+def segments_since(started, directory="/dev/shm"):
+    """The names in `directory` of DGL's shared memory (the synthetic
+    graph's, features, GraphBolt's) written since `started` (a time.time()):
+    those a job left (one that reused an older leftover's name wrote it)."""
+    from gbrun.distributed import DGL_SEGMENT
+
+    return sorted(
+        name for name in os.listdir(directory)
+        if (name.startswith("synthetic") or DGL_SEGMENT.search(name))
+        and os.stat(os.path.join(directory, name)).st_mtime >= started - 1)
 
 
 def test_the_trainers_options_table_is_its_help(capsys):
