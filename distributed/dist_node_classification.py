@@ -56,8 +56,9 @@ import inspect
 import gbrun.graphbolt  # noqa: F401 (first: one line if DGL cannot load)
 from gbrun import checkpoint, cli, datasets, launch
 from gbrun.distributed import (
-    FIRST_CLIENT_TIMEOUT_S, Partitions, exit_when_clients_are_gone,
-    fail_fast, load_item_sets, samplers_die_with_trainer, unlink_job_memory,
+    FIRST_CLIENT_TIMEOUT_S, Partitions, TrainerWatch,
+    exit_when_clients_are_gone, fail_fast, load_item_sets,
+    samplers_die_with_trainer, server_addresses, unlink_job_memory,
 )
 
 import dgl
@@ -256,6 +257,11 @@ def parse_args(argv=None):
         " the first trainer before it exits (a trainer that failed before"
         " connecting never comes). Loading the partition does not count.")
     parser.add_argument(
+        "--connect-timeout", type=cli.positive_float, default=60.0,
+        help="Seconds a trainer, connected to every graph server, waits for"
+        " the job's other trainers to connect before it fails the job (one"
+        " that failed before connecting never comes).")
+    parser.add_argument(
         "-h", "--help", action="store_true",
         help="Show this help, then the example's options.")
     debug = parser.add_argument_group("debugging (used by the tests)")
@@ -309,9 +315,16 @@ def main(argv=None):
         exit_when_clients_are_gone(
             port, first_timeout_s=args.first_client_timeout,
             on_leave=lambda: unlink_job_memory(job.dataset.graph_name))
+    else:
+        # Bounds DGL's waits for a job that failed elsewhere.
+        watch = TrainerWatch(
+            server_addresses(args.ip_config,
+                             int(os.environ.get("DGL_NUM_SERVER", "1"))),
+            args.connect_timeout, job.dataset.graph_name).start()
     # Servers never return from here; trainers connect to every server.
     dgl.distributed.initialize(args.ip_config, use_graphbolt=args.use_graphbolt)
     samplers_die_with_trainer()
+    watch.serving()
     if plan.rank_offset == 0:
         for notice in plan.notices:
             print(notice)
@@ -322,6 +335,7 @@ def main(argv=None):
         launch.run_rank(plan.rank_offset, example.run, plan, args, job,
                         on_failure=lambda: fail_fast(job.dataset.graph_name))
     finally:
+        watch.stop()
         if job.dataset.record is not None:
             torch.save(job.dataset.record, os.path.join(
                 args.dump_seeds, f"rank{plan.rank_offset}.pt"))

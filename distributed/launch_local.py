@@ -107,6 +107,14 @@ def parse_args(argv=None):
         help="Stop the whole job after this many seconds. Default: 1800",
     )
     parser.add_argument(
+        "--as-tools-launch", action="store_true",
+        help="Start each machine's part as DGL's tools/launch.py does (its"
+        " trainers under one torch.distributed.run) and stop nothing on a"
+        " failure: the job must end by itself (--timeout still stops it)."
+        " At the end, say what each machine's /dev/shm holds. For the tests"
+        " of how a job fails on a real cluster.",
+    )
+    parser.add_argument(
         "trainer_args", nargs=argparse.REMAINDER,
         help="'--' followed by the training script's arguments.",
     )
@@ -186,13 +194,17 @@ def plan_job(args, run_id, work_dir):
     # All simulated machines share this host's cores.
     omp_threads = args.omp_threads or max(1, (os.cpu_count() or 1) // num_trainers)
     processes = server_processes(machines, args.servers_per_machine, server_port, common_env)
-    processes += trainer_processes(
-        machines, args.trainers_per_machine, master_port, omp_threads, common_env
+    make_trainers = (torchrun_processes if args.as_tools_launch
+                     else trainer_processes)
+    processes += make_trainers(
+        machines, args.trainers_per_machine, master_port, omp_threads,
+        common_env, work_dir
     )
     command = [sys.executable, os.path.abspath(args.script), *args.trainer_args,
                "--ip-config", ip_config, "--part-config", part_config]
     return {"machines": machines, "processes": processes,
-            "command": command, "timeout": args.timeout}
+            "command": command, "timeout": args.timeout,
+            "supervised": not args.as_tools_launch}
 
 
 def server_processes(machines, per_machine, server_port, common_env):
@@ -208,7 +220,8 @@ def server_processes(machines, per_machine, server_port, common_env):
     return processes
 
 
-def trainer_processes(machines, per_machine, master_port, omp_threads, common_env):
+def trainer_processes(machines, per_machine, master_port, omp_threads,
+                      common_env, work_dir):
     processes = []
     for machine in machines:
         for t in range(per_machine):
@@ -226,6 +239,31 @@ def trainer_processes(machines, per_machine, master_port, omp_threads, common_en
             )
             processes.append({"name": f"machine {machine['id']} trainer {t} (rank {rank})",
                               "machine": machine, "role": "trainer", "rank": rank, "env": env})
+    return processes
+
+
+def torchrun_processes(machines, per_machine, master_port, omp_threads,
+                       common_env, work_dir):
+    """One torch.distributed.run a machine, starting its trainers, with the
+    environment DGL's tools/launch.py gives it (v2.1.0, the same in 2.4.0);
+    its agent, not this launcher, watches them. Its logs (torch elastic
+    leaves a directory of them when a worker fails) go to `work_dir`."""
+    processes = []
+    for machine in machines:
+        env = dict(common_env, DGL_DIST_MODE="distributed", DGL_ROLE="client",
+                   DGL_GROUP_ID="0", OMP_NUM_THREADS=str(omp_threads),
+                   GLOO_SOCKET_IFNAME=MACHINE_IFNAME)
+        prefix = ["-m", "torch.distributed.run",
+                  f"--nproc_per_node={per_machine}",
+                  f"--nnodes={len(machines)}", f"--node_rank={machine['id']}",
+                  f"--master_addr={machines[0]['ip']}",
+                  f"--master_port={master_port}",
+                  f"--log-dir={os.path.join(work_dir, 'torchelastic')}"]
+        # Machine 0's output (trainer 0's among it) passes through.
+        processes.append({"name": f"machine {machine['id']} trainers",
+                          "machine": machine, "role": "trainer",
+                          "rank": machine["id"] * per_machine, "env": env,
+                          "prefix": prefix})
     return processes
 
 
@@ -293,8 +331,13 @@ def start_process(spec, holder_pid, command, marked_env):
     # A trainer is born with SIGINT and SIGTERM blocked (the mask survives
     # exec) until it handles them as a stop request (gbrun's StopSignal):
     # a stop that comes while it starts waits for it, instead of killing it.
-    blocked = {signal.SIGINT, signal.SIGTERM} if spec["role"] == "trainer" else set()
+    # (Not torchrun's agent: it handles them itself, as under launch.py.)
+    blocked = {signal.SIGINT, signal.SIGTERM} if (
+        spec["role"] == "trainer" and not spec.get("prefix")) else set()
     signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    if spec.get("prefix"):
+        # python -m torch.distributed.run ... SCRIPT ARGS
+        command = [command[0], *spec["prefix"], *command[1:]]
     try:
         proc = subprocess.Popen(
             [*DIE_WITH_LAUNCHER, "nsenter", "--target", str(holder_pid), "--mount",
@@ -403,6 +446,44 @@ def wait_for_job(running, exits, deadline, stop):
     return None
 
 
+def wait_unsupervised(running, exits, deadline):
+    """--as-tools-launch: every process must end by itself. Returns None,
+    or one line naming the first process that failed (and when every
+    process had ended, counted from that failure), or those still running
+    at the deadline."""
+    first, left, last_exit = None, len(running), time.monotonic()
+    while left:
+        try:
+            item, code = exits.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            alive = [i["spec"]["name"] for i in running if i["proc"].poll() is None]
+            return ("the job did not end by itself within --timeout: still "
+                    f"running: {', '.join(alive)}")
+        left -= 1
+        last_exit = time.monotonic()
+        if code != 0 and first is None:
+            first = (item["spec"]["name"], code, last_exit)
+    if first is None:
+        return None
+    name, code, failed_at = first
+    return (f"{name} exited with code {code}; every process had ended "
+            f"{last_exit - failed_at:.1f} s later")
+
+
+def report_shared_memory(machines, machine_pids):
+    """--as-tools-launch: what each machine's /dev/shm holds once its
+    processes are gone (a failed job's partition, features and graph are
+    left there when nothing unlinks them)."""
+    for machine in machines:
+        listed = subprocess.run(
+            ["nsenter", "--target", str(machine_pids[machine["id"]]),
+             "--mount", "ls", "-A", "/dev/shm"], capture_output=True, text=True)
+        names = listed.stdout.split()
+        print(f"machine {machine['id']}: /dev/shm holds {len(names)} "
+              f"entries{': ' if names else ''}{' '.join(sorted(names))}",
+              file=sys.stderr, flush=True)
+
+
 def kill_group(proc):
     """SIGKILL the process group we created for proc (its sampler processes
     too, also once the leader is gone), then reap it."""
@@ -455,9 +536,13 @@ def run_job(args, run_id, stop):
                 if role == "trainer":
                     stop.trainers.append(running[-1]["proc"])
                     stop.send(running[-1]["proc"])  # a stop before it started
-            if role == "server":
+            if role == "server" and plan["supervised"]:
                 wait_until_servers_listen(running, deadline)
-        failure = wait_for_job(running, exits, deadline, stop)
+        if plan["supervised"]:
+            failure = wait_for_job(running, exits, deadline, stop)
+        else:
+            failure = wait_unsupervised(running, exits, deadline)
+            report_shared_memory(plan["machines"], machine_pids)
     except RuntimeError as e:
         failure = str(e)
     finally:

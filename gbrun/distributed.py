@@ -13,8 +13,10 @@ served has gone (exit_when_clients_are_gone), and a sampler dies with its
 trainer (die_with_trainer).
 """
 import ctypes
+import multiprocessing.util
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -336,6 +338,149 @@ def leave(reason, on_leave=None):
         os._exit(1)
 
 
+class TrainerWatch:
+    """A trainer's guard against waiting for ever on a job that has failed
+    elsewhere, a daemon thread from before dgl.distributed.initialize to the
+    end of training (DGL's client has no timeout for any of these; read in
+    v2.1.0's rpc_client.py and dist_context.py):
+    - connected to every graph server (`servers`: (ip, port) pairs), the
+      trainer waits in DGL's handshake for every trainer and sampler of the
+      job; one that failed before connecting never comes: after
+      `connect_timeout` seconds (counted once every server is connected,
+      so a partition that takes long to load does not count), it fails;
+    - while training, a graph server's connection that closes (the server
+      died) or a sampler process of this trainer that died would leave it
+      waiting for an answer: it fails at once.
+    Failing: one line naming the cause, this trainer's sampler processes
+    killed and the job's shared memory unlinked (graph `graph_name`), exit
+    status 1; the other trainers, the servers and their samplers then end
+    as after any trainer's failure."""
+
+    def __init__(self, servers, connect_timeout, graph_name, poll_s=1.0):
+        self.servers, self.connect_timeout = set(servers), connect_timeout
+        self.graph_name, self.poll_s = graph_name, poll_s
+        self.samplers = None  # set once initialize has returned
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True,
+                                       name="trainer-watch")
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def serving(self):
+        """After dgl.distributed.initialize: watch the servers' connections
+        and this trainer's sampler processes (its children by now)."""
+        self.samplers = children(os.getpid())
+
+    def stop(self):
+        """Before the trainers shut the servers down (a clean end)."""
+        self.stopped.set()
+
+    def _watch(self):
+        connected_since = None
+        while not self.stopped.wait(self.poll_s):
+            connected = self.servers & {
+                address for address, state in own_connections()
+                if state == ESTABLISHED}
+            if self.samplers is None:
+                if connected == self.servers:
+                    connected_since = connected_since or time.monotonic()
+                    if time.monotonic() - connected_since > self.connect_timeout:
+                        self.fail(
+                            f"connected to every graph server "
+                            f"{self.connect_timeout:g} s ago, but DGL still "
+                            "waits for the job's other trainers (one failed "
+                            "before connecting?) (--connect-timeout)")
+                continue
+            lost = sorted(self.servers - connected)
+            if lost:
+                self.fail(f"the graph server at {lost[0][0]}:{lost[0][1]} "
+                          "closed its connection (it died?)")
+            dead = [pid for pid in self.samplers if not alive(pid)]
+            if dead:
+                self.fail(f"its sampler process {dead[0]} died")
+
+    def fail(self, cause):
+        if self.stopped.is_set():
+            return
+        rank = os.environ.get("RANK", "?")
+        os.write(2, f"rank {rank} failed: {cause}; exiting\n".encode())
+        for pid in self.samplers or children(os.getpid()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        fail_fast(self.graph_name, flush=False)
+
+
+def server_addresses(ip_config, servers_per_machine):
+    """The (ip, port) of every graph server of the job, as DGL reads
+    ip_config (consecutive ports from each machine's port)."""
+    namebook = dgl.distributed.rpc.read_ip_config(ip_config,
+                                                  servers_per_machine)
+    return {(info[1], int(info[2])) for info in namebook.values()}
+
+
+def own_connections():
+    """[((remote ip, remote port), TCP state)] of this process's IPv4
+    sockets (its /proc/self/fd matched against /proc/net/tcp)."""
+    inodes = set()
+    try:
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                link = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[len("socket:["):-1])
+        with open("/proc/net/tcp") as f:
+            rows = [line.split() for line in f.readlines()[1:]]
+    except OSError:
+        return []
+    found = []
+    for row in rows:
+        if len(row) > 9 and row[9] in inodes:
+            ip_hex, port_hex = row[2].split(":")
+            ip = ".".join(str(b) for b in bytes.fromhex(ip_hex)[::-1])
+            found.append(((ip, int(port_hex, 16)), row[3]))
+    return found
+
+
+def children(pid):
+    """The pids of `pid`'s living child processes but multiprocessing's
+    resource tracker (left to unlink the pool's semaphores once `pid` has
+    gone: killed, it would leave them in /dev/shm)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = read_stat(int(entry))
+            if stat and int(stat[1]) == pid and stat[0] != "Z":
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        if b"resource_tracker" in f.read():
+                            continue
+                except OSError:
+                    continue
+                found.append(int(entry))
+    return found
+
+
+def alive(pid):
+    stat = read_stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def read_stat(pid):
+    """(state, ppid) from /proc/PID/stat, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], fields[1]
+
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -359,17 +504,20 @@ def samplers_die_with_trainer():
         pool.submit_task_to_all_workers(die_with_trainer, os.getpid())
 
 
-def fail_fast(graph_name):
+def fail_fast(graph_name, flush=True):
     """A trainer's end on any error, once its traceback is printed: its
     machine's shared memory of the job (graph `graph_name`) unlinked, then
     exit status 1 at once. A clean exit would wait for ever in DGL's exit
     hook (a barrier with the other trainers) and in gloo's teardown; the
     other trainers fail at their next collective, and the servers and
     samplers leave once their trainers have gone (see above)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    if flush:  # (not from another thread: the main one may hold the lock)
+        sys.stdout.flush()
+        sys.stderr.flush()
     try:
         unlink_job_memory(graph_name)
+        # The temporary files that exit handlers, skipped here, remove.
+        shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
     finally:
         os._exit(1)
 

@@ -142,9 +142,11 @@ print((resident() - before) >> 20)
 def test_bf16_products_of_past_shapes_are_not_kept_unless_they_recur():
     unset = {gbrun.tuning.ONEDNN_CACHE: None}
     # As oneDNN comes, each new shape's primitive stays, buffers included
-    # (measured: 265-280 MiB over these 40 shapes).
-    assert run_tuned(GROWTH_OVER_NEW_SHAPES, "default", env=unset) >= 100
-    # Tuned, nothing of them stays (measured: 5-9 MiB) ...
+    # (measured: 265-280 MiB over these 40 shapes on a Xeon with AMX; on an
+    # AMD EPYC with avx512_bf16, 47-185 MiB, as glibc's default trimming
+    # returns more or less of the freed buffers: not asserted, the cache
+    # asked for below shows the same growth without that noise, 200-205).
+    # Tuned, nothing of them stays (measured: 5-9 MiB; 0-2 on the EPYC) ...
     assert run_tuned(GROWTH_OVER_NEW_SHAPES, "tuned", env=unset) <= 50
     # ... unless the environment asks for a cache of its own.
     assert run_tuned(GROWTH_OVER_NEW_SHAPES, "tuned",

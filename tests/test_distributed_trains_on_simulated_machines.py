@@ -20,10 +20,13 @@ CI=true, where a missing prerequisite fails the test instead.
 """
 import json
 import os
+import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -242,10 +245,11 @@ class Watch:
 
 
 def start_launcher(part_config, num_machines, trainer_args, log_dir, timeout,
-                   launcher_args=(), env=None):
-    # The launcher's temporary directory goes here, to be checked afterwards.
-    tmp_dir = log_dir / "tmp"
-    tmp_dir.mkdir()
+                   launcher_args=(), env=None, tmp_dir=None):
+    # The launcher's temporary directory goes here, to be checked afterwards
+    # (`tmp_dir`: a shorter path, for the sockets of sampler processes).
+    tmp_dir = tmp_dir or log_dir / "tmp"
+    tmp_dir.mkdir(exist_ok=True)
     stdout = open(log_dir / "stdout.txt", "w")
     stderr = open(log_dir / "stderr.txt", "w")
     proc = subprocess.Popen(
@@ -262,8 +266,9 @@ def start_launcher(part_config, num_machines, trainer_args, log_dir, timeout,
     return proc
 
 
-def finish(proc, log_dir, timeout):
-    """Wait (bounded) for the launcher; check it left nothing behind."""
+def finish(proc, log_dir, timeout, tolerated=()):
+    """Wait (bounded) for the launcher; check it left nothing behind (but
+    temporary files whose names start with one of `tolerated`)."""
     watch = proc.watch
     try:
         try:
@@ -286,7 +291,9 @@ def finish(proc, log_dir, timeout):
         # ... and nothing of it is left.
         assert watch.survivors() == [], "left behind"
         assert leftovers(proc.pid) == [], "processes with the marker left behind"
-        assert os.listdir(watch.tmp_dir) == [], "temporary files left behind"
+        left = [name for name in os.listdir(watch.tmp_dir)
+                if not name.startswith(tuple(tolerated))]
+        assert left == [], "temporary files left behind"
     finally:
         watch.close()
     return (code, (log_dir / "stdout.txt").read_text(),
@@ -930,6 +937,105 @@ def test_timeout_stops_the_job(namespaces, partitions, tmp_path):
 
 
 # --- As DGL's tools/launch.py starts a job: nothing kills what is left -------------
+
+# 2 machines x 2 trainers x 1 sampler x 2 servers, started as DGL's
+# tools/launch.py starts them (launch_local.py --as-tools-launch: it stops
+# nothing on a failure); short bounds, so that each case is quick.
+TOOLS_LAUNCH = ["--trainers-per-machine", 2, "--servers-per-machine", 2,
+                "--as-tools-launch"]
+FAILURE_ARGS = [*TRAIN_ARGS, "--epochs", 1000, "--num-workers", 1,
+                "--connect-timeout", 10, "--batch-size", 32]
+# How soon after the first failure every process of the job must be gone.
+FAILURE_BOUND_S = 60
+
+
+def import_fails_on_machine_1(out):
+    """A copy of the example that trainers of machine 1 cannot import."""
+    copy = out / "node_classification.py"
+    text = open(MAIN_SCRIPT).read().replace("import argparse\n", (
+        "import argparse\nimport os\n"
+        "if os.environ.get('DGL_ROLE') == 'client' and "
+        "os.environ.get('GROUP_RANK') == '1':\n"
+        "    raise ImportError('machine 1 cannot import this copy')\n"), 1)
+    copy.write_text(text)
+    return ["--example", copy]
+
+
+def job_process(proc, role, machine):
+    """The pid of machine `machine`'s first `role` ("server", "sampler") of
+    launcher `proc`'s job."""
+    for pid in leftovers(proc.pid):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0")
+                           if b"=" in item)
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if role == "server" and env.get(b"DGL_ROLE") == b"server" and (
+                env.get(b"DGL_SERVER_ID") == str(2 * machine).encode()):
+            return pid
+        if role == "sampler" and env.get(b"GROUP_RANK") == str(
+                machine).encode() and b"multiprocessing.spawn" in cmdline \
+                and b"resource_tracker" not in cmdline:
+            return pid
+    pytest.fail(f"no {role} of machine {machine} found")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [
+    "a trainer fails before connecting", "a trainer fails mid-epoch",
+    "a graph server is killed", "a sampler is killed"])
+def test_every_failure_ends_a_tools_launch_job_leaving_nothing(
+        namespaces, partitions, tmp_path, case):
+    """Each failure ends the whole job, every process of it by itself within
+    FAILURE_BOUND_S, exit 1, its cause printed once, and no shared memory
+    left on either machine (finish() checks no process is left)."""
+    args, cause = list(FAILURE_ARGS), None
+    if case == "a trainer fails before connecting":
+        args += import_fails_on_machine_1(tmp_path)
+        cause = "ImportError: machine 1 cannot import this copy"
+    elif case == "a trainer fails mid-epoch":
+        args += ["--fail-after-batches", 3, "--fail-rank", 3]
+        cause = "RuntimeError: --fail-after-batches 3 on rank 3"
+    short = pathlib.Path(tempfile.mkdtemp(prefix="tl", dir="/tmp"))
+    proc = start_launcher(partitions["part_config"], 2, args, tmp_path,
+                          JOB_TIMEOUT_S, TOOLS_LAUNCH, tmp_dir=short)
+    if cause is None:
+        # Mid-epoch, as trainer 0's progress bar shows.
+        wait_for_output(tmp_path, r"train 0: .*\| [1-9]/", proc, timeout=90,
+                        stream="stderr.txt")
+        role = "server" if "server" in case else "sampler"
+        victim = job_process(proc, role, 1)
+        owner = psutil.Process(victim).ppid()
+        rank = psutil.Process(owner).environ().get("RANK")
+        os.kill(victim, signal.SIGKILL)
+        # A server's death is seen by every trainer connected to it; a
+        # sampler's by its trainer, which names it, or fails on the queue
+        # the sampler answered on (whichever comes first).
+        cause = {"server": "closed its connection (it died?)",
+                 "sampler": f"rank {rank} failed"}[role]
+    try:
+        # A killed sampler leaves multiprocessing's empty pymp-* directory.
+        code, out, err = finish(proc, tmp_path, timeout=JOB_TIMEOUT_S + 30,
+                                tolerated=["pymp-"])
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    assert code == 1, err[-3000:]
+    ended = re.search(r"^error: machine \d (?:trainers|server \d) exited with "
+                      r"code -?\d+; every process had ended (\d+\.\d) s later$",
+                      err, re.M)
+    assert ended and float(ended.group(1)) < FAILURE_BOUND_S, err[-3000:]
+    # Once for each process that failed of it (the two trainers of machine
+    # 1 cannot import; each trainer connected to a killed server says so).
+    expected = {"a trainer fails before connecting": 2,
+                "a graph server is killed": 4}.get(case, 1)
+    assert (out + err).count(cause) == expected, (cause, err[-3000:])
+    for machine in (0, 1):
+        assert f"machine {machine}: /dev/shm holds 0 entries\n" in err, \
+            err[-3000:]
+
 
 
 @pytest.mark.slow
