@@ -48,6 +48,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import ast
 import dataclasses
@@ -300,6 +301,14 @@ def parse_args(argv=None):
     return args, example
 
 
+def delay_for_tests(env=os.environ):
+    """TEST_DELAY_SERVERS="ID,ID:SECONDS": those graph servers start
+    serving SECONDS late, as a partition that takes long to load would."""
+    ids, _, seconds = env.get("TEST_DELAY_SERVERS", "").partition(":")
+    if env.get("DGL_SERVER_ID") in ids.split(","):
+        time.sleep(float(seconds))
+
+
 def main(argv=None):
     args, example = parse_args(argv)
     server = os.environ.get("DGL_ROLE") == "server"
@@ -309,6 +318,7 @@ def main(argv=None):
     except cli.UsageError as error:
         cli.fail(error, speak=cli.is_first_process())
     if server:
+        delay_for_tests()
         port = dgl.distributed.rpc.read_ip_config(
             args.ip_config, int(os.environ["DGL_NUM_SERVER"])
         )[int(os.environ["DGL_SERVER_ID"])][2]

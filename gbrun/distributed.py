@@ -346,8 +346,9 @@ class TrainerWatch:
     - connected to every graph server (`servers`: (ip, port) pairs), the
       trainer waits in DGL's handshake for every trainer and sampler of the
       job; one that failed before connecting never comes: after
-      `connect_timeout` seconds (counted once every server is connected,
-      so a partition that takes long to load does not count), it fails;
+      `connect_timeout` seconds (counted once this trainer and its
+      samplers have reached every server, so neither a partition that
+      takes long to load nor the samplers' start counts), it fails;
     - while training, a graph server's connection that closes (the server
       died) or a sampler process of this trainer that died would leave it
       waiting for an answer: it fails at once.
@@ -379,12 +380,16 @@ class TrainerWatch:
 
     def _watch(self):
         connected_since = None
+        samplers = int(os.environ.get("DGL_NUM_SAMPLER", "0"))
         while not self.stopped.wait(self.poll_s):
-            connected = self.servers & {
-                address for address, state in own_connections()
-                if state == ESTABLISHED}
+            connected = self.servers & established()
             if self.samplers is None:
-                if connected == self.servers:
+                # Counted once this trainer and its sampler processes (they
+                # start inside initialize, and connect as it does) have
+                # reached every server: what is left is the other trainers.
+                ready = sum(self.servers <= established(pid)
+                            for pid in children(os.getpid()))
+                if connected == self.servers and ready >= samplers:
                     connected_since = connected_since or time.monotonic()
                     if time.monotonic() - connected_since > self.connect_timeout:
                         self.fail(
@@ -422,14 +427,21 @@ def server_addresses(ip_config, servers_per_machine):
     return {(info[1], int(info[2])) for info in namebook.values()}
 
 
-def own_connections():
-    """[((remote ip, remote port), TCP state)] of this process's IPv4
-    sockets (its /proc/self/fd matched against /proc/net/tcp)."""
+def established(pid="self"):
+    """The (remote ip, remote port) of process `pid`'s established IPv4
+    TCP connections."""
+    return {address for address, state in own_connections(pid)
+            if state == ESTABLISHED}
+
+
+def own_connections(pid="self"):
+    """[((remote ip, remote port), TCP state)] of process `pid`'s IPv4
+    sockets (its /proc/PID/fd matched against /proc/net/tcp)."""
     inodes = set()
     try:
-        for fd in os.listdir("/proc/self/fd"):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
             try:
-                link = os.readlink(f"/proc/self/fd/{fd}")
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
             except OSError:
                 continue
             if link.startswith("socket:["):

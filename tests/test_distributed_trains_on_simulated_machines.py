@@ -767,8 +767,9 @@ def test_a_resumed_epoch_trains_every_seed_once(namespaces,
 def options_run(random_partitions, tmp_path_factory):
     """The example as it is on random partitions, 2 machines with 2 graph
     servers each, one sampler process per trainer and GraphBolt sampling
-    on the servers; side by side, node_classification.py on the same data
-    and arguments (most of either run is start-up)."""
+    on the servers, started as DGL's tools/launch.py starts them, machine
+    1's servers 8 s late; side by side, node_classification.py on the
+    same data and arguments (most of either run is start-up)."""
     if missing_prerequisite() is not None:
         return None
     log_dir = tmp_path_factory.mktemp("options")
@@ -781,8 +782,13 @@ def options_run(random_partitions, tmp_path_factory):
         code, out, err = launch(
             random_partitions["part_config"],
             [*TRAIN_ARGS, "--epochs", EPOCHS, "--num-workers", 1,
-             "--use-graphbolt", "--predict", log_dir / "predictions.npy"],
-            log_dir, launcher_args=["--servers-per-machine", 2])
+             "--use-graphbolt", "--predict", log_dir / "predictions.npy",
+             "--connect-timeout", 5],
+            log_dir, launcher_args=["--servers-per-machine", 2,
+                                    "--as-tools-launch"],
+            # A slow but healthy start: machine 1's servers serve their
+            # partition 8 s late, past the trainers' bound (5 s).
+            env={"TEST_DELAY_SERVERS": "2,3:8"})
         single_out, single_err = single.communicate(timeout=JOB_TIMEOUT_S)
     finally:
         single.kill()
@@ -865,21 +871,6 @@ def gb_dataset(path):
 
 
 @pytest.mark.slow
-def test_failing_trainer_fails_the_job(namespaces, partitions, tmp_path):
-    code, _, err = launch(
-        partitions["part_config"],
-        [*TRAIN_ARGS, "--epochs", 2, "--fail-after-batches", 1, "--fail-rank", 1],
-        tmp_path,
-    )
-    # docs/distributed.md: the launcher stops the others and exits with 1.
-    assert code == 1, err[-2000:]
-    assert "RuntimeError: --fail-after-batches 1 on rank 1" in err
-    # Rank 0 fails too once rank 1 is gone; either may be reported first.
-    assert re.search(r"^error: machine \d trainer 0 \(rank \d\) exited with "
-                     r"code 1; stopping the job$", err, re.MULTILINE), err[-2000:]
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("how", ["kill a server", "SIGINT at start-up",
                                  "SIGHUP"])
 def test_stopped_or_killed_jobs_end_and_clean_up(namespaces, partitions,
@@ -944,7 +935,7 @@ def test_timeout_stops_the_job(namespaces, partitions, tmp_path):
 TOOLS_LAUNCH = ["--trainers-per-machine", 2, "--servers-per-machine", 2,
                 "--as-tools-launch"]
 FAILURE_ARGS = [*TRAIN_ARGS, "--epochs", 1000, "--num-workers", 1,
-                "--connect-timeout", 10, "--batch-size", 32]
+                "--connect-timeout", 5, "--batch-size", 32]
 # How soon after the first failure every process of the job must be gone.
 FAILURE_BOUND_S = 60
 
@@ -1027,11 +1018,15 @@ def test_every_failure_ends_a_tools_launch_job_leaving_nothing(
                       r"code -?\d+; every process had ended (\d+\.\d) s later$",
                       err, re.M)
     assert ended and float(ended.group(1)) < FAILURE_BOUND_S, err[-3000:]
-    # Once for each process that failed of it (the two trainers of machine
-    # 1 cannot import; each trainer connected to a killed server says so).
-    expected = {"a trainer fails before connecting": 2,
-                "a graph server is killed": 4}.get(case, 1)
-    assert (out + err).count(cause) == expected, (cause, err[-3000:])
+    # Once for each process that failed of it: the two trainers of machine
+    # 1 cannot import; each trainer that sees a killed server's connection
+    # close before a collective with a failed peer fails says so.
+    count = (out + err).count(cause)
+    if case == "a graph server is killed":
+        assert 1 <= count <= 4, (cause, err[-3000:])
+    else:
+        expected = 2 if case == "a trainer fails before connecting" else 1
+        assert count == expected, (cause, err[-3000:])
     for machine in (0, 1):
         assert f"machine {machine}: /dev/shm holds 0 entries\n" in err, \
             err[-3000:]
