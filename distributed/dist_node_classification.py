@@ -59,7 +59,7 @@ from gbrun import checkpoint, cli, datasets, launch
 from gbrun.distributed import (
     FIRST_CLIENT_TIMEOUT_S, Partitions, TrainerWatch,
     exit_when_clients_are_gone, fail_fast, load_item_sets,
-    samplers_die_with_trainer, server_addresses, unlink_job_memory,
+    samplers_die_with_trainer, unlink_job_memory,
 )
 
 import dgl
@@ -317,19 +317,19 @@ def main(argv=None):
         job = plan_job(args, example, plan)
     except cli.UsageError as error:
         cli.fail(error, speak=cli.is_first_process())
+    # Every graph server: id -> (machine, ip, port, servers a machine).
+    servers = dgl.distributed.rpc.read_ip_config(
+        args.ip_config, int(os.environ.get("DGL_NUM_SERVER", "1")))
     if server:
         delay_for_tests()
-        port = dgl.distributed.rpc.read_ip_config(
-            args.ip_config, int(os.environ["DGL_NUM_SERVER"])
-        )[int(os.environ["DGL_SERVER_ID"])][2]
         exit_when_clients_are_gone(
-            port, first_timeout_s=args.first_client_timeout,
+            servers[int(os.environ["DGL_SERVER_ID"])][2],
+            first_timeout_s=args.first_client_timeout,
             on_leave=lambda: unlink_job_memory(job.dataset.graph_name))
     else:
         # Bounds DGL's waits for a job that failed elsewhere.
         watch = TrainerWatch(
-            server_addresses(args.ip_config,
-                             int(os.environ.get("DGL_NUM_SERVER", "1"))),
+            {(ip, int(port)) for _, ip, port, _ in servers.values()},
             args.connect_timeout, job.dataset.graph_name).start()
     # Servers never return from here; trainers connect to every server.
     dgl.distributed.initialize(args.ip_config, use_graphbolt=args.use_graphbolt)

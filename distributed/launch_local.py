@@ -194,12 +194,14 @@ def plan_job(args, run_id, work_dir):
     # All simulated machines share this host's cores.
     omp_threads = args.omp_threads or max(1, (os.cpu_count() or 1) // num_trainers)
     processes = server_processes(machines, args.servers_per_machine, server_port, common_env)
-    make_trainers = (torchrun_processes if args.as_tools_launch
-                     else trainer_processes)
-    processes += make_trainers(
-        machines, args.trainers_per_machine, master_port, omp_threads,
-        common_env, work_dir
-    )
+    if args.as_tools_launch:
+        processes += torchrun_processes(
+            machines, args.trainers_per_machine, master_port, omp_threads,
+            common_env, work_dir)
+    else:
+        processes += trainer_processes(
+            machines, args.trainers_per_machine, master_port, omp_threads,
+            common_env)
     command = [sys.executable, os.path.abspath(args.script), *args.trainer_args,
                "--ip-config", ip_config, "--part-config", part_config]
     return {"machines": machines, "processes": processes,
@@ -220,8 +222,7 @@ def server_processes(machines, per_machine, server_port, common_env):
     return processes
 
 
-def trainer_processes(machines, per_machine, master_port, omp_threads,
-                      common_env, work_dir):
+def trainer_processes(machines, per_machine, master_port, omp_threads, common_env):
     processes = []
     for machine in machines:
         for t in range(per_machine):

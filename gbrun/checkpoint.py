@@ -238,13 +238,13 @@ def check_plain(value, where):
         )
 
 
-def save_atomically(obj, path):
-    """Write, flush to disk, then rename: a crash while saving leaves the
-    previous file intact."""
+def save_atomically(obj, path, save=None):
+    """Write with `save(obj, file)` (torch.save by default), flush to disk,
+    then rename: a crash while saving leaves the previous file intact."""
     temporary = f"{path}.tmp{os.getpid()}"
     try:
         with open(temporary, "wb") as f:
-            torch.save(obj, f)
+            (save or torch.save)(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, path)

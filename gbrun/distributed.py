@@ -312,20 +312,25 @@ def exit_when_clients_are_gone(port, grace_s=CLIENTS_GONE_GRACE_S,
     threading.Thread(target=watch, daemon=True, name="clients-gone").start()
 
 
+def tcp_rows(tables=("/proc/net/tcp", "/proc/net/tcp6")):
+    """The rows (split into fields) of this network namespace's TCP tables:
+    [1] local and [2] remote address (hex), [3] state, [9] socket inode."""
+    rows = []
+    for table in tables:
+        try:
+            with open(table) as f:
+                rows += [line.split() for line in f.readlines()[1:]]
+        except OSError:
+            continue
+    return rows
+
+
 def port_states(port):
     """The TCP states (hex, as /proc/net/tcp shows them) of this network
     namespace's sockets whose local port is `port`, the listening one
     included."""
-    states = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = [line.split() for line in f.readlines()[1:]]
-        except OSError:
-            continue
-        states.update(row[3] for row in rows
-                      if int(row[1].rsplit(":", 1)[1], 16) == port)
-    return states
+    return {row[3] for row in tcp_rows()
+            if int(row[1].rsplit(":", 1)[1], 16) == port}
 
 
 def leave(reason, on_leave=None):
@@ -419,14 +424,6 @@ class TrainerWatch:
         fail_fast(self.graph_name, flush=False)
 
 
-def server_addresses(ip_config, servers_per_machine):
-    """The (ip, port) of every graph server of the job, as DGL reads
-    ip_config (consecutive ports from each machine's port)."""
-    namebook = dgl.distributed.rpc.read_ip_config(ip_config,
-                                                  servers_per_machine)
-    return {(info[1], int(info[2])) for info in namebook.values()}
-
-
 def established(pid="self"):
     """The (remote ip, remote port) of process `pid`'s established IPv4
     TCP connections."""
@@ -446,12 +443,10 @@ def own_connections(pid="self"):
                 continue
             if link.startswith("socket:["):
                 inodes.add(link[len("socket:["):-1])
-        with open("/proc/net/tcp") as f:
-            rows = [line.split() for line in f.readlines()[1:]]
     except OSError:
         return []
     found = []
-    for row in rows:
+    for row in tcp_rows(("/proc/net/tcp",)):
         if len(row) > 9 and row[9] in inodes:
             ip_hex, port_hex = row[2].split(":")
             ip = ".".join(str(b) for b in bytes.fromhex(ip_hex)[::-1])

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .batches import Batches
+from .checkpoint import save_atomically
 
 # What --predict writes for each kind of label (LABELS), checked before the
 # file is written: the class ids, or float scores / values.
@@ -141,7 +142,10 @@ class EveryNode:
             predictions = predictions.long()
         ordered = torch.empty_like(predictions)
         ordered[self.shared.dataset_ids()] = predictions
-        save_npy(ordered.numpy(), path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        # Written whole or not at all.
+        save_atomically(ordered.numpy(), path,
+                        save=lambda array, f: np.save(f, array))
         print(f"Predictions of {len(ordered)} nodes written to {path}",
               flush=True)
 
@@ -180,15 +184,3 @@ class LocalOutputs:
         """Row i of the outputs is node i of the dataset."""
         return torch.arange(self.num_nodes)
 
-
-def save_npy(array, path):
-    """np.save to `path`, written whole or not at all."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    temporary = f"{path}.tmp{os.getpid()}.npy"
-    try:
-        np.save(temporary, array)
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
