@@ -57,7 +57,7 @@ import inspect
 import gbrun.graphbolt  # noqa: F401 (first: one line if DGL cannot load)
 from gbrun import checkpoint, cli, datasets, launch
 from gbrun.distributed import (
-    FIRST_CLIENT_TIMEOUT_S, Partitions, TrainerWatch,
+    FIRST_CLIENT_TIMEOUT_S, PROGRESS_TIMEOUT_S, Partitions, TrainerWatch,
     exit_when_clients_are_gone, fail_fast, load_item_sets,
     samplers_die_with_trainer, unlink_job_memory,
 )
@@ -129,8 +129,10 @@ def plan_job(args, example, plan, env=os.environ):
     data = Partitions(
         config["graph_name"], args.part_config,
         torch.bfloat16 if args.precision == "bf16" else None,
-        [] if args.dump_seeds else None, args.fail_after_batches,
-        args.fail_rank)
+        [] if args.dump_seeds else None,
+        args.fail_after_batches if args.hang_after_batches is None
+        else args.hang_after_batches, args.fail_rank,
+        hang=args.hang_after_batches is not None)
     # The item sets as on one machine, in the partitions' node ids (an edit
     # may read them: class weights from the training labels).
     item_sets = load_item_sets(os.path.dirname(args.part_config))
@@ -263,6 +265,12 @@ def parse_args(argv=None):
         " the job's other trainers to connect before it fails the job (one"
         " that failed before connecting never comes).")
     parser.add_argument(
+        "--progress-timeout", type=cli.positive_float,
+        default=PROGRESS_TIMEOUT_S,
+        help="Seconds a trainer, once connected, may go without a batch"
+        " (training, evaluating or predicting) before it fails the job: a"
+        " hung trainer, or a machine cut off the network.")
+    parser.add_argument(
         "-h", "--help", action="store_true",
         help="Show this help, then the example's options.")
     debug = parser.add_argument_group("debugging (used by the tests)")
@@ -273,6 +281,9 @@ def parse_args(argv=None):
     debug.add_argument(
         "--fail-after-batches", type=cli.int_at_least(0), default=None,
         help="Make trainer --fail-rank raise at this training batch.")
+    debug.add_argument(
+        "--hang-after-batches", type=cli.int_at_least(0), default=None,
+        help="Make trainer --fail-rank sleep for ever at this training batch.")
     debug.add_argument("--fail-rank", type=cli.int_at_least(0), default=0,
                        help="See --fail-after-batches.")
     # tools/launch.py's torch.distributed launcher may pass this; the rank
@@ -322,15 +333,17 @@ def main(argv=None):
         args.ip_config, int(os.environ.get("DGL_NUM_SERVER", "1")))
     if server:
         delay_for_tests()
+        _, ip, port, _ = servers[int(os.environ["DGL_SERVER_ID"])]
         exit_when_clients_are_gone(
-            servers[int(os.environ["DGL_SERVER_ID"])][2],
+            ip, port,
             first_timeout_s=args.first_client_timeout,
             on_leave=lambda: unlink_job_memory(job.dataset.graph_name))
     else:
         # Bounds DGL's waits for a job that failed elsewhere.
         watch = TrainerWatch(
             {(ip, int(port)) for _, ip, port, _ in servers.values()},
-            args.connect_timeout, job.dataset.graph_name).start()
+            args.connect_timeout, job.dataset.graph_name,
+            args.progress_timeout).start()
     # Servers never return from here; trainers connect to every server.
     dgl.distributed.initialize(args.ip_config, use_graphbolt=args.use_graphbolt)
     samplers_die_with_trainer()

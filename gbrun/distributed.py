@@ -8,9 +8,10 @@ after every other trainer has reached the same point, and DGL's sampler
 processes wait for tasks from a trainer that is gone (read in
 dgl/distributed/dist_context.py and rpc_server.py at v2.1.0, unchanged
 through v2.4.0). DGL's tools/launch.py waits for the servers first, so the
-job never ends. Here a server leaves once every trainer and sampler it
-served has gone (exit_when_clients_are_gone), and a sampler dies with its
-trainer (die_with_trainer).
+job never ends. Here a server leaves once every trainer and sampler of its
+machine has gone (exit_when_clients_are_gone), a sampler dies with its
+trainer (die_with_trainer), and a trainer fails when the job cannot go on
+(TrainerWatch).
 """
 import ctypes
 import multiprocessing.util
@@ -20,8 +21,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
+import traceback
 from types import SimpleNamespace
 
 import dgl
@@ -35,6 +38,11 @@ CLIENTS_GONE_GRACE_S = 5
 # How long a server waits for its first client (a trainer that failed before
 # connecting never comes).
 FIRST_CLIENT_TIMEOUT_S = 30 * 60
+# How long a trainer, once serving, may go without a batch before it fails:
+# a hung trainer, or a machine cut off the network (no connection closes).
+PROGRESS_TIMEOUT_S = 45
+# When this trainer's loader last handed out a batch (time.monotonic()).
+LAST_BATCH = [None]
 ESTABLISHED, LISTEN = "01", "0A"  # TCP states as /proc/net/tcp shows them
 
 
@@ -85,13 +93,15 @@ class Partitions:
     GraphBolt dataset (the distributed trainer puts it in the Job): the
     data source of the example's own run(), create_dataloader() and loop.
     `dtype`: the features' type in batches (bf16 under --precision bf16).
-    `record`, `fail_after`, `fail_rank`: the trainer's debugging options."""
+    `record`, `fail_after`, `hang`, `fail_rank`: the trainer's debugging
+    options (`hang`: the failure is a sleep for ever, not an exception)."""
 
     def __init__(self, graph_name, part_config, dtype=None, record=None,
-                 fail_after=None, fail_rank=0):
+                 fail_after=None, fail_rank=0, hang=False):
         self.graph_name, self.part_config = graph_name, part_config
         self.dtype, self.record = dtype, record
         self.fail_after, self.fail_rank = fail_after, fail_rank
+        self.hang = hang
         self.g = None
 
     def place(self, device):
@@ -139,7 +149,7 @@ class Partitions:
                             label_key, device, num_batches, self.dtype,
                             self.record)
         if is_train and dist.get_rank() == self.fail_rank:
-            loader.fail_after = self.fail_after
+            loader.fail_after, loader.hang = self.fail_after, self.hang
         return loader
 
 
@@ -209,7 +219,8 @@ class DistLoader:
         self.feature_keys, self.label_key = feature_keys, label_key
         self.device, self.dtype = device, dtype
         self.num_batches, self.record = num_batches, record
-        self.fail_after = None  # --fail-after-batches, for the tests
+        # --fail-after-batches / --hang-after-batches, for the tests.
+        self.fail_after, self.hang = None, False
 
     def order(self, seed, rank, epoch):
         """The nodes of one pass in the order they are handed out."""
@@ -264,44 +275,58 @@ class DistLoader:
 
         def each():
             for index, (input_nodes, seeds, blocks) in enumerate(sampled, step):
+                if index == self.fail_after and self.hang:
+                    while True:  # a trainer that stops making progress
+                        time.sleep(60)
                 if index == self.fail_after:
                     raise RuntimeError(
                         f"--fail-after-batches {index} on rank {rank}")
+                LAST_BATCH[0] = time.monotonic()  # for TrainerWatch
                 handed_out.append(seeds)
                 yield self.batch(input_nodes, seeds, blocks)
 
         return each(), total
 
 
-def exit_when_clients_are_gone(port, grace_s=CLIENTS_GONE_GRACE_S,
+def exit_when_clients_are_gone(ip, port, grace_s=CLIENTS_GONE_GRACE_S,
                                first_timeout_s=FIRST_CLIENT_TIMEOUT_S,
                                poll_s=1.0, on_leave=None):
-    """In a graph server, before it starts serving (a daemon thread): the
-    server process exits with status 1 once every client connection to
-    `port` (trainers and samplers) has closed for `grace_s` without the
-    shutdown request that ends a job well, or when no client has come
-    within `first_timeout_s` of the server listening (it listens once its
+    """In a graph server at `ip`:`port`, before it starts serving (a daemon
+    thread): the server process exits with status 1 once every connection
+    of a client on its own machine (trainers and samplers; every client if
+    none is local) has closed for `grace_s` without the shutdown request
+    that ends a job well, or when no client has come within
+    `first_timeout_s` of the server listening (it listens once its
     partition is loaded, however long that takes). DGL's server would
     otherwise wait for ever: the receive thread of a client that died
     without closing its stream spins on the closed socket, and the shutdown
-    request never comes. `on_leave()` runs before the exit (the server's
-    shared memory is unlinked there: os._exit skips DGL's cleanup)."""
+    request never comes. Its own machine's clients, because a machine cut
+    off the network closes no connection: the other machines' stay open
+    here while their trainers are long gone. `on_leave()` runs before the
+    exit (the server's shared memory is unlinked there: os._exit skips
+    DGL's cleanup)."""
 
     def watch():
-        listening_since, seen, gone_since = None, False, None
+        listening_since, seen, seen_local, gone_since = None, False, False, None
         while True:
-            states = port_states(port)
-            if LISTEN in states:
+            peers = port_peers(port)
+            if any(state == LISTEN for state, _ in peers):
                 listening_since = listening_since or time.monotonic()
-            states.discard(LISTEN)
-            seen = seen or bool(states)
-            if ESTABLISHED in states:
+            clients = [(state, peer) for state, peer in peers
+                       if state != LISTEN]
+            seen = seen or bool(clients)
+            seen_local = seen_local or any(peer == ip for _, peer in clients)
+            if seen_local:
+                clients = [(state, peer) for state, peer in clients
+                           if peer == ip]
+            if any(state == ESTABLISHED for state, _ in clients):
                 gone_since = None
             elif seen:
                 gone_since = gone_since or time.monotonic()
                 if time.monotonic() - gone_since > grace_s:
-                    leave("every trainer has gone without shutting the "
-                          "graph servers down (a trainer failed)", on_leave)
+                    leave("every trainer of this machine has gone without "
+                          "shutting the graph servers down (a trainer "
+                          "failed)", on_leave)
             elif (listening_since is not None
                   and time.monotonic() - listening_since > first_timeout_s):
                 leave(f"no trainer connected within {first_timeout_s:g} s "
@@ -325,12 +350,22 @@ def tcp_rows(tables=("/proc/net/tcp", "/proc/net/tcp6")):
     return rows
 
 
-def port_states(port):
-    """The TCP states (hex, as /proc/net/tcp shows them) of this network
-    namespace's sockets whose local port is `port`, the listening one
-    included."""
-    return {row[3] for row in tcp_rows()
-            if int(row[1].rsplit(":", 1)[1], 16) == port}
+def port_peers(port):
+    """(TCP state in hex, as /proc/net/tcp shows it, remote IPv4 address)
+    of this network namespace's sockets whose local port is `port`, the
+    listening one included (IPv6 ones with the remote address None)."""
+    found = []
+    for row in tcp_rows():
+        if int(row[1].rsplit(":", 1)[1], 16) == port:
+            address = row[2].rsplit(":", 1)[0]
+            found.append((row[3], hex_ipv4(address)
+                          if len(address) == 8 else None))
+    return found
+
+
+def hex_ipv4(address):
+    """/proc/net/tcp's address (little-endian hex) as dotted IPv4."""
+    return ".".join(str(b) for b in bytes.fromhex(address)[::-1])
 
 
 def leave(reason, on_leave=None):
@@ -356,14 +391,20 @@ class TrainerWatch:
       takes long to load nor the samplers' start counts), it fails;
     - while training, a graph server's connection that closes (the server
       died) or a sampler process of this trainer that died would leave it
-      waiting for an answer: it fails at once.
+      waiting for an answer: it fails at once;
+    - once serving, no batch for `progress_timeout` seconds (the trainer
+      hung, or waits on one that did, or a machine is cut off the network,
+      where no connection closes and gloo and DGL wait for ever): it fails,
+      naming where its main thread is.
     Failing: one line naming the cause, this trainer's sampler processes
     killed and the job's shared memory unlinked (graph `graph_name`), exit
     status 1; the other trainers, the servers and their samplers then end
     as after any trainer's failure."""
 
-    def __init__(self, servers, connect_timeout, graph_name, poll_s=1.0):
+    def __init__(self, servers, connect_timeout, graph_name,
+                 progress_timeout=PROGRESS_TIMEOUT_S, poll_s=1.0):
         self.servers, self.connect_timeout = set(servers), connect_timeout
+        self.progress_timeout = progress_timeout
         self.graph_name, self.poll_s = graph_name, poll_s
         self.samplers = None  # set once initialize has returned
         self.stopped = threading.Event()
@@ -378,6 +419,7 @@ class TrainerWatch:
         """After dgl.distributed.initialize: watch the servers' connections
         and this trainer's sampler processes (its children by now)."""
         self.samplers = children(os.getpid())
+        self.serving_since = time.monotonic()
 
     def stop(self):
         """Before the trainers shut the servers down (a clean end)."""
@@ -410,6 +452,10 @@ class TrainerWatch:
             dead = [pid for pid in self.samplers if not alive(pid)]
             if dead:
                 self.fail(f"its sampler process {dead[0]} died")
+            last = max(self.serving_since, LAST_BATCH[0] or 0)
+            if time.monotonic() - last > self.progress_timeout:
+                self.fail(f"no batch for {self.progress_timeout:g} s "
+                          f"(--progress-timeout), at {main_thread_at()}")
 
     def fail(self, cause):
         if self.stopped.is_set():
@@ -422,6 +468,27 @@ class TrainerWatch:
             except OSError:
                 pass
         fail_fast(self.graph_name, flush=False)
+
+
+def main_thread_at():
+    """Where the main thread is: its innermost frame as "file:line in
+    function", and the innermost one of the user's own code (not Python's,
+    an installed package's, gbrun's or the trainer script's) if another."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    if frame is None:
+        return "an unknown place"
+    stack = traceback.extract_stack(frame)
+    paths = sysconfig.get_paths()
+    others = tuple(os.path.realpath(path) + os.sep for path in {
+        paths["stdlib"], paths["purelib"], paths["platlib"],
+        os.path.dirname(__file__)})
+    script = os.path.realpath(getattr(sys.modules["__main__"], "__file__", ""))
+    own = [entry for entry in stack
+           if not os.path.realpath(entry.filename).startswith(others)
+           and os.path.realpath(entry.filename) != script]
+    where = [stack[-1]] + ([own[-1]] if own and own[-1] is not stack[-1] else [])
+    return " <- ".join(f"{entry.filename}:{entry.lineno} in {entry.name}"
+                       for entry in where)
 
 
 def established(pid="self"):
@@ -449,8 +516,7 @@ def own_connections(pid="self"):
     for row in tcp_rows(("/proc/net/tcp",)):
         if len(row) > 9 and row[9] in inodes:
             ip_hex, port_hex = row[2].split(":")
-            ip = ".".join(str(b) for b in bytes.fromhex(ip_hex)[::-1])
-            found.append(((ip, int(port_hex, 16)), row[3]))
+            found.append(((hex_ipv4(ip_hex), int(port_hex, 16)), row[3]))
     return found
 
 

@@ -783,11 +783,11 @@ def options_run(random_partitions, tmp_path_factory):
             random_partitions["part_config"],
             [*TRAIN_ARGS, "--epochs", EPOCHS, "--num-workers", 1,
              "--use-graphbolt", "--predict", log_dir / "predictions.npy",
-             "--connect-timeout", 5],
+             "--connect-timeout", 5, "--progress-timeout", 5],
             log_dir, launcher_args=["--servers-per-machine", 2,
                                     "--as-tools-launch"],
             # A slow but healthy start: machine 1's servers serve their
-            # partition 8 s late, past the trainers' bound (5 s).
+            # partition 8 s late, past the trainers' bounds (5 s).
             env={"TEST_DELAY_SERVERS": "2,3:8"})
         single_out, single_err = single.communicate(timeout=JOB_TIMEOUT_S)
     finally:
@@ -875,12 +875,21 @@ def gb_dataset(path):
                                  "SIGHUP"])
 def test_stopped_or_killed_jobs_end_and_clean_up(namespaces, partitions,
                                                  tmp_path, how):
-    proc = start_launcher(partitions["part_config"], 2,
-                          [*TRAIN_ARGS, "--epochs", 1000, "--checkpoint-dir",
-                           tmp_path / "ckpt"], tmp_path, JOB_TIMEOUT_S)
+    args = [*TRAIN_ARGS, "--epochs", 1000, "--checkpoint-dir",
+            tmp_path / "ckpt"]
     if how == "kill a server":
-        # In the middle of training.
-        wait_for_output(tmp_path, r"^Epoch 00000", proc, timeout=90)
+        # The run is shared: it trains docs/customising.md's GAT edit (two
+        # layers, so two fanout values).
+        args += ["--example", edited_copy(tmp_path, "gat"), "--fanout", "5,5"]
+    proc = start_launcher(partitions["part_config"], 2, args, tmp_path,
+                          JOB_TIMEOUT_S)
+    if how == "kill a server":
+        # In the middle of training, once the GAT has trained an epoch.
+        wait_for_output(tmp_path, r"^Epoch 00000 .* \| Accuracy 0\.\d{4} ",
+                        proc, timeout=90)
+        model = torch.load(tmp_path / "ckpt" / "checkpoint.pt",
+                           weights_only=True)["model"]
+        assert "layers.1.attn_l" in model, sorted(model)
     else:
         # As soon as every process of the job is there, while it starts up
         # (a job is stopped the same way at any stage; this is quicker).
@@ -935,9 +944,12 @@ def test_timeout_stops_the_job(namespaces, partitions, tmp_path):
 TOOLS_LAUNCH = ["--trainers-per-machine", 2, "--servers-per-machine", 2,
                 "--as-tools-launch"]
 FAILURE_ARGS = [*TRAIN_ARGS, "--epochs", 1000, "--num-workers", 1,
-                "--connect-timeout", 5, "--batch-size", 32]
+                "--connect-timeout", 5, "--progress-timeout", 10,
+                "--batch-size", 32]
 # How soon after the first failure every process of the job must be gone.
 FAILURE_BOUND_S = 60
+# A simulated machine's network interface (launch_local.py's MACHINE_IFNAME).
+MACHINE_IFNAME = "eth0"
 
 
 def import_fails_on_machine_1(out):
@@ -977,7 +989,8 @@ def job_process(proc, role, machine):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [
     "a trainer fails before connecting", "a trainer fails mid-epoch",
-    "a graph server is killed", "a sampler is killed"])
+    "a trainer hangs", "a graph server is killed", "a sampler is killed",
+    "a machine's network goes down"])
 def test_every_failure_ends_a_tools_launch_job_leaving_nothing(
         namespaces, partitions, tmp_path, case):
     """Each failure ends the whole job, every process of it by itself within
@@ -990,23 +1003,45 @@ def test_every_failure_ends_a_tools_launch_job_leaving_nothing(
     elif case == "a trainer fails mid-epoch":
         args += ["--fail-after-batches", 3, "--fail-rank", 3]
         cause = "RuntimeError: --fail-after-batches 3 on rank 3"
+    elif case == "a sampler is killed":
+        args += ["--example", edited_copy(tmp_path, "auroc")]
+    elif case == "a trainer hangs":
+        args += ["--hang-after-batches", 3, "--fail-rank", 3]
+        # Where it hangs: in the loader, under the loop of the example.
+        cause = re.compile(r"rank 3 failed: no batch for 10 s \(--progress-"
+                           r"timeout\), at \S+distributed.py:\d+ in each <- "
+                           r"\S+node_classification.py:\d+ in train")
     short = pathlib.Path(tempfile.mkdtemp(prefix="tl", dir="/tmp"))
     proc = start_launcher(partitions["part_config"], 2, args, tmp_path,
                           JOB_TIMEOUT_S, TOOLS_LAUNCH, tmp_dir=short)
+    if case == "a sampler is killed":
+        # The run is shared: it trains docs/customising.md's AUROC edit for
+        # an epoch, its metric gathered from 4 trainers, before the kill
+        # (in epoch 1).
+        wait_for_output(tmp_path, r"^Epoch 00000 .* \| AUROC 0\.[5-9]\d{3} ",
+                        proc, timeout=90)
     if cause is None:
         # Mid-epoch, as trainer 0's progress bar shows.
-        wait_for_output(tmp_path, r"train 0: .*\| [1-9]/", proc, timeout=90,
-                        stream="stderr.txt")
+        wait_for_output(tmp_path, r"train \d+: .*\| [1-9]/", proc,
+                        timeout=90, stream="stderr.txt")
         role = "server" if "server" in case else "sampler"
         victim = job_process(proc, role, 1)
-        owner = psutil.Process(victim).ppid()
-        rank = psutil.Process(owner).environ().get("RANK")
-        os.kill(victim, signal.SIGKILL)
-        # A server's death is seen by every trainer connected to it; a
-        # sampler's by its trainer, which names it, or fails on the queue
-        # the sampler answered on (whichever comes first).
-        cause = {"server": "closed its connection (it died?)",
-                 "sampler": f"rank {rank} failed"}[role]
+        if "network" in case:
+            # No connection closes: every trainer waits (gloo, DGL's RPC)
+            # until its own --progress-timeout.
+            subprocess.run(["nsenter", "--target", str(victim), "--net",
+                            "ip", "link", "set", MACHINE_IFNAME, "down"],
+                           check=True)
+            cause = re.compile(r"rank \d failed: no batch for 10 s")
+        else:
+            owner = psutil.Process(victim).ppid()
+            rank = psutil.Process(owner).environ().get("RANK")
+            os.kill(victim, signal.SIGKILL)
+            # A server's death is seen by every trainer connected to it; a
+            # sampler's by its trainer, which names it, or fails on the
+            # queue the sampler answered on (whichever comes first).
+            cause = {"server": "closed its connection (it died?)",
+                     "sampler": f"rank {rank} failed"}[role]
     try:
         # A killed sampler leaves multiprocessing's empty pymp-* directory.
         code, out, err = finish(proc, tmp_path, timeout=JOB_TIMEOUT_S + 30,
@@ -1021,8 +1056,9 @@ def test_every_failure_ends_a_tools_launch_job_leaving_nothing(
     # Once for each process that failed of it: the two trainers of machine
     # 1 cannot import; each trainer that sees a killed server's connection
     # close before a collective with a failed peer fails says so.
-    count = (out + err).count(cause)
-    if case == "a graph server is killed":
+    count = (len(cause.findall(out + err)) if isinstance(cause, re.Pattern)
+             else (out + err).count(cause))
+    if case in ("a graph server is killed", "a machine's network goes down"):
         assert 1 <= count <= 4, (cause, err[-3000:])
     else:
         expected = 2 if case == "a trainer fails before connecting" else 1
@@ -1074,7 +1110,7 @@ def test_a_failed_trainer_ends_its_job_under_tools_launch(tmp_path, dataset):
         log = (tmp_path / "trainers.txt").read_text()
         assert "RuntimeError: --fail-after-batches 2 on rank 0" in log
         assert server.returncode == 1
-        assert "every trainer has gone without shutting the graph servers " \
+        assert "every trainer of this machine has gone without shutting the graph servers " \
                "down" in (tmp_path / "server.txt").read_text()
         assert segments_since(started) == []
     finally:
@@ -1120,6 +1156,60 @@ def test_the_trainers_options_table_is_its_help(capsys):
     assert documented == shown, (documented, shown)
 
 
+def rename_keys(dataset):
+    """`dataset` (in place) as docs/customising.md's keys edit describes
+    it: the input feature "x", the labels the node feature "y", item sets
+    of seed nodes only."""
+    import yaml
+
+    path = os.path.join(dataset, "metadata.yaml")
+    with open(path) as f:
+        metadata = yaml.safe_load(f)
+    for feature in metadata["feature_data"]:
+        feature["name"] = {"feat": "x", "label": "y"}[feature["name"]]
+    for split in ("train_set", "validation_set", "test_set"):
+        data = metadata["tasks"][0][split][0]["data"]
+        data[:] = [d for d in data if d["name"] == "seed_nodes"]
+    with open(path, "w") as f:
+        yaml.safe_dump(metadata, f)
+
+
+@pytest.mark.slow
+def test_multi_label_second_feature_and_best_model_train_on_two_machines(
+        namespaces, multi_label_dataset, tmp_path):
+    """docs/customising.md's multi-label, second-feature and keep-the-best
+    edits in one copy, on partitions of the multi-hot dataset with its
+    "degree" feature, 2 machines x 2 trainers."""
+    example = edited_copy(tmp_path, "multi_label", "two_features",
+                          "best_model")
+    parts = run_script(os.path.join(DISTRIBUTED, "partition_graph.py"),
+                       ["--dataset", multi_label_dataset, "--num-parts", 2,
+                        "--out", tmp_path / "parts", "--example", example])
+    assert parts.returncode == 0, parts.stdout + parts.stderr
+    (tmp_path / "logs").mkdir()
+    ckpt = tmp_path / "ckpt"
+    code, out, err = launch(
+        str(tmp_path / "parts" / "multi_label.json"),
+        [*TRAIN_ARGS, "--epochs", EPOCHS, "--example", example,
+         "--checkpoint-dir", ckpt,
+         "--log-dir", tmp_path / "metrics"],
+        tmp_path / "logs", launcher_args=["--trainers-per-machine", 2])
+    assert code == 0, err[-3000:]
+    assert "Training with 4 trainers." in out
+    epochs = EPOCH_LINE.findall(out)
+    assert [e[1] for e in epochs] == ["Micro-F1"] * EPOCHS, out
+    # It learns: every node has its main class, a fifth of the others too;
+    # features and edges carry the main class.
+    assert float(TEST_LINE.search(out).group(2)) > 0.6, out
+    # The best validation Micro-F1, kept by trainer 0 with its model.
+    kept = torch.load(ckpt / "checkpoint.pt", weights_only=True)["kept"]
+    assert kept["best"] == pytest.approx(max(float(e[2]) for e in epochs),
+                                         abs=5e-5)
+    best = torch.load(ckpt / "best.pt", weights_only=True)
+    # The model reads both features: 5 columns of "feat", 1 of "degree".
+    assert best["layers.0.fc_neigh.weight"].shape[1] == 6
+
+
 @pytest.mark.slow
 def test_node_regression_trains_on_two_machines(namespaces, dataset,
                                                 tmp_path):
@@ -1138,7 +1228,10 @@ def test_node_regression_trains_on_two_machines(namespaces, dataset,
         values, read("edges.npy"), read("node_feat.npy"), target,
         read("train_seed_nodes.npy"), read("valid_seed_nodes.npy"),
         read("test_seed_nodes.npy"), kind="value")
-    example = edited_copy(tmp_path, "regression")
+    # With the keys edit too: its input feature is "x", its targets the
+    # node feature "y", its item sets seed nodes only.
+    rename_keys(values)
+    example = edited_copy(tmp_path, "regression", "keys")
     parts = run_script(os.path.join(DISTRIBUTED, "partition_graph.py"),
                        ["--dataset", values, "--num-parts", 2, "--out",
                         tmp_path / "parts", "--example", example])
