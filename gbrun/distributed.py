@@ -41,8 +41,11 @@ FIRST_CLIENT_TIMEOUT_S = 30 * 60
 # How long a trainer, once serving, may go without a batch before it fails:
 # a hung trainer, or a machine cut off the network (no connection closes).
 PROGRESS_TIMEOUT_S = 45
-# When this trainer's loader last handed out a batch (time.monotonic()).
+# When this trainer last made progress (time.monotonic()): a batch handed
+# out, or a chunk of the predictions read back.
 LAST_BATCH = [None]
+# Rows of every node's predictions read back from the servers at a time.
+READ_ROWS = 1 << 20
 ESTABLISHED, LISTEN = "01", "0A"  # TCP states as /proc/net/tcp shows them
 
 
@@ -188,7 +191,12 @@ class DistOutputs:
     def outputs(self, here):
         if not here:
             return torch.zeros(0, self.previous.shape[1])
-        return self.previous[torch.arange(self.num_nodes)]
+        chunks = []
+        for start in range(0, self.num_nodes, READ_ROWS):
+            end = min(start + READ_ROWS, self.num_nodes)
+            chunks.append(self.previous[torch.arange(start, end)])
+            LAST_BATCH[0] = time.monotonic()  # progress, for TrainerWatch
+        return torch.cat(chunks)
 
     def dataset_ids(self):
         from .cli import UsageError
