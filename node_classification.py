@@ -424,9 +424,11 @@ def run(rank, plan, args, job):
 
     if args.predict:
         # Every node's prediction, in the dataset's node ids (rank 0 writes
-        # the file); one full-neighbourhood layer at a time (fanout -1).
+        # the file); one layer at a time, over full neighbourhoods (-1) or
+        # at most --predict-fanout neighbours.
         every_node = predicting.EveryNode(job, graph, progress)
-        all_nodes = dataloader(every_node.item_set, False, fanout=[-1])
+        all_nodes = dataloader(every_node.item_set, False,
+                               fanout=[args.predict_fanout])
         outputs = predict(model, all_nodes, every_node, device)
         every_node.save(to_prediction(outputs), args.predict, LABELS)
 

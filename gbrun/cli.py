@@ -121,6 +121,12 @@ def add_run_options(parser):
         " finished run: predict without training.",
     )
     run.add_argument(
+        "--predict-fanout", type=fanout_value, default=-1, metavar="N",
+        help="Neighbors each node reads in every layer when predicting: -1,"
+        " all of them (the file then depends on no sampling), or at most N,"
+        " for graphs whose full neighbourhoods do not fit.",
+    )
+    run.add_argument(
         "--finish-timeout", type=positive_float, default=60.0,
         help="Seconds a rank that has finished waits for the others before"
         " it fails the job: a rank left in a collective that the others"
@@ -217,6 +223,15 @@ def fanout_list(text):
             f"'{text}': each fanout is positive, or -1 for all neighbors"
         )
     return fanout
+
+
+def fanout_value(text):
+    """One fanout, for every layer's block (a layer-wise prediction)."""
+    fanout = fanout_list(text)
+    if len(fanout) != 1:
+        raise argparse.ArgumentTypeError(
+            f"'{text}': one value, used by every layer")
+    return fanout[0]
 
 
 def check_fanout(fanout, num_layers, default=10):

@@ -47,6 +47,17 @@ def test_two_ranks_and_a_one_rank_resume_predict_the_same_file(
     second = np.load(tmp_path / "again.npy")
     # Equal but for ties between two classes' float outputs.
     assert (first == second).mean() > 0.998
+    # With --predict-fanout, sampled neighbourhoods: another file, that
+    # still scores near the full one.
+    sampled = run_example(
+        ["--gpu=0", *args, "--dataset", small_dataset, "--checkpoint-dir",
+         tmp_path / "ckpt", "--resume", "--predict", tmp_path / "s.npy",
+         "--predict-fanout", 2], env=NO_GPU)
+    assert sampled.returncode == 0, sampled.stderr[-3000:]
+    third = np.load(tmp_path / "s.npy")
+    assert (third != first).mean() > 0.01
+    assert float((third[ids] == labels).mean()) == pytest.approx(from_file,
+                                                               abs=0.1)
     # Without --predict, the finished checkpoint is refused, naming it,
     # before any rank starts.
     import gbrun.launch
