@@ -42,10 +42,13 @@ def main(argv=None):
     example = gbrun.cli.load_example(args.example)
     gbrun.tuning.keep_freed_memory()
     torch.set_num_threads(args.threads)
-    dataset = gbrun.datasets.load_dataset(args.dataset)
     keys = example.FEATURE_KEYS
-    train_set = gbrun.datasets.check_dataset(dataset, args.dataset, keys,
-                                    example.LABEL_KEY, example.LABELS)[0]
+    try:  # a dataset the example cannot train on: one line, exit 2
+        dataset = gbrun.datasets.load_dataset(args.dataset)
+        train_set = gbrun.datasets.check_dataset(
+            dataset, args.dataset, keys, example.LABEL_KEY, example.LABELS)[0]
+    except gbrun.cli.UsageError as error:
+        gbrun.cli.fail(error)
     bf16 = args.precision == "bf16"
     if bf16:
         gbrun.datasets.store_in_bf16(dataset, keys)

@@ -220,11 +220,10 @@ def write(args):
         args.example, ("FEATURE_KEYS", "LABEL_KEY", "LABELS"))
     metadata = read_metadata(args.dataset)
     graph = metadata.get("graph", {})
-    if len(graph.get("nodes", [])) != 1 or len(graph.get("edges", [])) != 1 \
-            or "type" in graph["nodes"][0]:
-        raise gbrun.cli.UsageError(
-            f"--dataset {args.dataset}: heterogeneous graphs are not "
-            "supported by this example")
+    if len(graph.get("nodes", [])) != 1 or len(graph.get("edges", [])) != 1:
+        raise gbrun.datasets.heterogeneous(
+            args.dataset, [str(n.get("type")) for n in graph.get("nodes", [])],
+            [str(e.get("type")) for e in graph.get("edges", [])])
     num_nodes = int(graph["nodes"][0]["num"])
     edges = NpyRows(npy_path(args.dataset, graph["edges"][0],
                              "the graph's edges"))

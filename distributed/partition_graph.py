@@ -70,10 +70,7 @@ def dataset_to_dgl_graph(dataset, item_sets, label_key):
     import dgl
     import torch
 
-    graph = dataset.graph
-    if graph.node_type_offset is not None:
-        raise gbrun.cli.UsageError("heterogeneous graphs are not supported by "
-                               "this example")
+    graph = dataset.graph  # homogeneous: check_dataset refuses the others
     num_nodes = graph.total_num_nodes
     indptr = graph.csc_indptr.long()
     # CSC: indptr runs over destination nodes, indices are the source nodes.

@@ -57,6 +57,30 @@ def dataset_identity(name_or_dir):
 
 
 LABEL_KINDS = ("class", "multi-hot", "value")
+# Where a user with a heterogeneous graph reads what to do.
+HETEROGENEOUS_PAGE = "docs/own-data.md#several-node-or-edge-types"
+
+
+def heterogeneous(name, node_types, edge_types):
+    """The refusal of a graph with several node or edge types, naming
+    them: the example trains one node type and one edge type."""
+    return UsageError(
+        f"dataset '{name}' is heterogeneous (node types: "
+        f"{', '.join(sorted(node_types))}; edge types: "
+        f"{', '.join(sorted(edge_types))}), but the example trains a graph "
+        f"of one node type and one edge type (see {HETEROGENEOUS_PAGE})")
+
+
+def check_homogeneous(dataset, name):
+    """Refuses a heterogeneous dataset before its keys are looked up (a
+    per-type feature named like the example's key would otherwise be
+    reported missing)."""
+    graph = dataset.graph
+    node_types = getattr(graph, "node_type_to_id", None) or {}
+    edge_types = getattr(graph, "edge_type_to_id", None) or {}
+    if len(node_types) > 1 or len(edge_types) > 1 or (
+            graph.node_type_offset is not None and (node_types or edge_types)):
+        raise heterogeneous(name, node_types, edge_types)
 
 
 def check_dataset(dataset, name, feature_keys, label_key, labels="class"):
@@ -68,6 +92,7 @@ def check_dataset(dataset, name, feature_keys, label_key, labels="class"):
     "multi-hot", num_classes entries of 0 or 1 per node (float32, for
     multi-label losses), or "value", num_classes finite floats per node
     (float32 rows, for a regression loss)."""
+    check_homogeneous(dataset, name)
     task = dataset.tasks[0]
     if "num_classes" not in task.metadata:
         raise UsageError(

@@ -256,3 +256,76 @@ def test_builtin_download_failure_says_how_to_run_offline(
     error = capsys.readouterr().err
     assert "could not fetch dataset 'cora'" in error
     assert "scripts/make_synthetic_dataset.py" in error
+
+
+def two_types(small_dataset, tmp_path):
+    """The small dataset's nodes as users, with a second node type (items,
+    a feature "feat" of their own) and two edge types between them: the
+    user features are named "feat", as the example's key."""
+    def edit(metadata):
+        nodes = metadata["graph"]["nodes"][0]
+        nodes["type"] = "user"
+        metadata["graph"]["nodes"].append({"type": "item", "num": 50})
+        edges = metadata["graph"]["edges"][0]
+        edges["type"] = "user:buys:item"
+        metadata["graph"]["edges"].append(
+            {"type": "item:bought-by:user", "format": "numpy",
+             "path": "reverse.npy"})
+        for feature in metadata["feature_data"]:
+            feature["type"] = "user"
+        metadata["feature_data"].append(
+            {"domain": "node", "type": "item", "name": "feat",
+             "format": "numpy", "in_memory": True, "path": "item_feat.npy"})
+        for split in ("train_set", "validation_set", "test_set"):
+            metadata["tasks"][0][split][0]["type"] = "user"
+
+    dataset = rewrite_metadata(small_dataset, tmp_path, edit)
+    edges = np.load(os.path.join(dataset, "edges.npy"))
+    # user -> item: the destination ids within the 50 items.
+    np.save(os.path.join(dataset, "edges.npy"),
+            np.stack([edges[0], edges[1] % 50]))
+    np.save(os.path.join(dataset, "reverse.npy"),
+            np.stack([edges[1] % 50, edges[0]]))
+    np.save(os.path.join(dataset, "item_feat.npy"),
+            np.zeros((50, 4), dtype=np.float32))
+    return dataset
+
+
+def test_a_heterogeneous_dataset_is_refused_naming_its_types(
+        small_dataset, tmp_path, capsys, nothing_spawned):
+    """Before: "has no node feature named 'feat' (it has: feat, feat,
+    label)". Every script that reads a dataset refuses it the same way."""
+    import importlib.util
+
+    import node_classification
+    from helpers import BENCHMARKS, DISTRIBUTED
+
+    dataset = two_types(small_dataset, tmp_path)
+    expected = (f"dataset '{dataset}' is heterogeneous (node types: item, "
+                "user; edge types: item:bought-by:user, user:buys:item), "
+                "but the example trains a graph of one node type and one "
+                "edge type (see docs/own-data.md#several-node-or-edge-types)")
+
+    def load(path):
+        spec = importlib.util.spec_from_file_location(
+            os.path.basename(path)[:-3], path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    for main, argv in (
+            (node_classification.main, ["--dataset", dataset]),
+            (load(os.path.join(DISTRIBUTED, "partition_graph.py")).main,
+             ["--dataset", dataset, "--num-parts", "2", "--out",
+              str(tmp_path / "parts")]),
+            (load(os.path.join(DISTRIBUTED, "chunk_dataset.py")).main,
+             ["write", "--dataset", dataset, "--out", str(tmp_path / "c"),
+              "--num-chunks", "2"]),
+            (load(os.path.join(BENCHMARKS, "stage_split.py")).main,
+             ["--dataset", dataset])):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        error = capsys.readouterr().err.strip().splitlines()
+        assert error[-1].endswith(expected), error
+        assert not [line for line in error if "error" in line.lower()][:-1]
