@@ -598,3 +598,140 @@ def write_ondisk_dataset(
         "split_sizes": {split: int(len(ids)) for split, ids in splits.items()},
         "warnings": warnings,
     }
+
+
+# ------------------------------------------------- several node and edge types
+
+
+def check_types(num_nodes, edges, features, target):
+    """The types of a heterogeneous graph: node types with a count each,
+    edge types "src:relation:dst" between known node types, features of
+    known types with one row per node, and a target type that exists."""
+    if not num_nodes:
+        raise DatasetError("no node types given")
+    known = ", ".join(sorted(num_nodes))
+    for ntype, count in num_nodes.items():
+        if not ntype or ":" in ntype:
+            raise DatasetError(f"node type {ntype!r}: a name without ':'")
+        if isinstance(count, bool) or int(count) != count or count < 1:
+            raise DatasetError(f"node type {ntype}: expected a positive node count, got {count!r}")
+    if target not in num_nodes:
+        raise DatasetError(f"target node type {target!r} is not one of the node types: {known}")
+    if not edges:
+        raise DatasetError("no edge types given")
+    for etype, pairs in edges.items():
+        parts = etype.split(":")
+        if len(parts) != 3 or not all(parts):
+            raise DatasetError(f"edge type {etype!r}: expected SRC_TYPE:RELATION:DST_TYPE")
+        for end, ntype in (("source", parts[0]), ("destination", parts[2])):
+            if ntype not in num_nodes:
+                raise DatasetError(
+                    f"edge type {etype}: its {end} node type {ntype!r} is not one of: {known}")
+        where = f"edges of {etype}"
+        pairs = np.asanyarray(pairs)
+        if pairs.ndim != 2 or pairs.shape[0] != 2 or pairs.shape[1] == 0:
+            raise DatasetError(f"{where}: expected shape (2, E) with E > 0, got {pairs.shape}")
+        if not np.issubdtype(pairs.dtype, np.integer):
+            raise DatasetError(f"{where}: expected integer node ids, got dtype {pairs.dtype}")
+        for row, ntype in zip(pairs, (parts[0], parts[2])):
+            _check_id_range(row, num_nodes[ntype], where, "edge", f"node type {ntype}")
+    for ntype, rows in features.items():
+        if ntype not in num_nodes:
+            raise DatasetError(f"features of node type {ntype!r}: not one of the node types: {known}")
+        check_features(rows, {"features": f"features of {ntype}"})
+        if rows.shape[0] != num_nodes[ntype]:
+            raise DatasetError(
+                f"features of {ntype}: {rows.shape[0]} rows but node type {ntype} has "
+                f"{num_nodes[ntype]} nodes")
+
+
+def _hetero_metadata(name, num_nodes, edge_files, feature_files, target,
+                     num_classes, has_splits):
+    def numpy_entry(**entry):
+        return {**entry, "format": "numpy", "in_memory": True}
+
+    task = {"name": "node_classification", "num_classes": num_classes}
+    for split in has_splits:
+        prefix = SPLIT_PREFIXES[split]
+        task[f"{split}_set"] = [{"type": target, "data": [
+            numpy_entry(name="seed_nodes", path=f"{prefix}_seed_nodes.npy"),
+            numpy_entry(name="labels", path=f"{prefix}_labels.npy"),
+        ]}]
+    features = [numpy_entry(domain="node", type=ntype, name="feat", path=path)
+                for ntype, path in feature_files.items()]
+    features.append(numpy_entry(domain="node", type=target, name="label",
+                                path=LABEL_FILE))
+    return {
+        "dataset_name": name,
+        "graph": {
+            "nodes": [{"type": ntype, "num": int(count)}
+                      for ntype, count in num_nodes.items()],
+            "edges": [{"type": etype, "format": "numpy", "path": path}
+                      for etype, path in edge_files.items()],
+        },
+        "feature_data": features,
+        "tasks": [task],
+    }
+
+
+def write_hetero_dataset(out_dir, num_nodes, edges, labels, train_idx,
+                         val_idx, test_idx, target, features=None,
+                         num_classes=None, name=None, force=False, kind=None):
+    """Validate and write a graph of several node and edge types.
+
+    num_nodes: {node type: count}. edges: {"src:relation:dst": int (2, E)},
+        ids within each end's type. features: {node type: float (N_t, F_t)},
+        the node feature "feat" of each type that has one (types without
+        are left to the model, e.g. a learned embedding).
+    labels, num_classes, kind and the split ids are as write_ondisk_dataset
+        takes them, on the node type `target` (ids within that type).
+    Raises DatasetError with one line naming the bad input; writes nothing
+    then, and never leaves out_dir half written.
+    """
+    edges = {etype: np.asanyarray(pairs) for etype, pairs in edges.items()}
+    features = {ntype: np.asanyarray(rows) for ntype, rows in (features or {}).items()}
+    labels = np.asanyarray(labels)
+    splits = {"train": train_idx, "validation": val_idx, "test": test_idx}
+    _refuse_existing(out_dir, force)
+    check_types(num_nodes, edges, features, target)
+    kind = label_kind(labels, kind)
+    names = display_names({"labels": f"labels of {target}",
+                           "features": f"node type {target}",
+                           **{split: f"{split} ids of {target}" for split in splits}})
+    num_classes = check_labels(labels, num_nodes[target], num_classes, names, kind)
+    check_splits(splits, num_nodes[target], names)
+    if kind == "value":
+        labels = labels.reshape(labels.shape[0], -1)
+    # File names: no "pt" anywhere (GraphBolt's preprocessing rewrites it).
+    edge_files = {etype: f"edges_{k}.npy" for k, etype in enumerate(edges)}
+    feature_files = {ntype: f"node_feat_{k}.npy" for k, ntype in enumerate(features)}
+    name = name or os.path.basename(os.path.abspath(out_dir))
+    metadata = _hetero_metadata(name, num_nodes, edge_files, feature_files,
+                                target, num_classes, splits)
+
+    def write(directory):
+        for etype, path in edge_files.items():
+            save_npy(os.path.join(directory, path), edges[etype], np.int64)
+        for ntype, path in feature_files.items():
+            save_npy(os.path.join(directory, path), features[ntype], np.float32)
+        save_npy(os.path.join(directory, LABEL_FILE), labels, label_dtype(labels, kind))
+        for split, ids in splits.items():
+            prefix = SPLIT_PREFIXES[split]
+            ids = np.asarray(ids, dtype=np.int64)
+            save_npy(os.path.join(directory, f"{prefix}_seed_nodes.npy"), ids, np.int64)
+            save_npy(os.path.join(directory, f"{prefix}_labels.npy"), labels[ids],
+                     label_dtype(labels, kind))
+        with open(os.path.join(directory, "metadata.yaml"), "w") as f:
+            yaml.safe_dump(metadata, f, sort_keys=False)
+
+    _write_atomically(out_dir, force, write)
+    return {
+        "out_dir": out_dir,
+        "num_nodes": {ntype: int(count) for ntype, count in num_nodes.items()},
+        "num_edges": {etype: int(pairs.shape[1]) for etype, pairs in edges.items()},
+        "features": {ntype: int(rows.shape[1]) for ntype, rows in features.items()},
+        "target": target,
+        "num_classes": num_classes,
+        "label_kind": kind,
+        "split_sizes": {split: int(len(ids)) for split, ids in splits.items()},
+    }

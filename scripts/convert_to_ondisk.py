@@ -25,6 +25,23 @@ Inputs:
   --train-idx --val-idx --test-idx   .npy node id arrays (all three), or
   --split      random train,val,test fractions (default 0.6,0.2,0.2).
 
+Several node and edge types (users and items, papers and authors) instead
+of --edges and --features:
+  --node-type NAME=COUNT       a node type and its number of nodes; repeatable.
+  --edge-type SRC:REL:DST=FILE the edges of one edge type (as --edges, ids
+               within each end's type); repeatable.
+  --type-features TYPE=FILE    the node feature "feat" of one type (a .npy
+               float array, one row per node of it); repeatable, optional.
+  --target TYPE                the node type that --labels and the splits
+               are on (ids within it).
+
+    python scripts/convert_to_ondisk.py datasets/shop \
+        --node-type user=1000 --node-type item=500 \
+        --edge-type user:buys:item=buys.npy \
+        --edge-type item:bought-by:user=bought_by.npy \
+        --type-features user=user_feat.npy --type-features item=item_feat.npy \
+        --target user --labels user_labels.npy
+
 Exit status: 0 on success, 2 on any error (bad arguments or bad data). Data
 errors print one line "convert_to_ondisk.py: error: <message>" to stderr
 and create nothing.
@@ -181,8 +198,8 @@ def parse_args(argv=None):
         epilog="Exit status: 0 on success, 2 on any error.",
     )
     parser.add_argument("out_dir", help="dataset directory to create")
-    parser.add_argument("--edges", required=True, help="edges .npy (2,E)/(E,2) or two-column CSV")
-    parser.add_argument("--features", required=True, help="node features .npy, float (N, F)")
+    parser.add_argument("--edges", help="edges .npy (2,E)/(E,2) or two-column CSV")
+    parser.add_argument("--features", help="node features .npy, float (N, F)")
     parser.add_argument("--feature", action="append", default=[], type=named_file, metavar="NAME=FILE",
                         help="another node feature NAME from a .npy float (N, F_k); repeatable")
     parser.add_argument("--labels", required=True,
@@ -198,7 +215,24 @@ def parse_args(argv=None):
     parser.add_argument("--drop-self-loops", action="store_true", help="remove src == dst edges")
     parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the random --split")
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
+    hetero = parser.add_argument_group("several node and edge types")
+    hetero.add_argument("--node-type", action="append", default=[], type=named_count,
+                        metavar="NAME=COUNT", help="a node type and its node count; repeatable")
+    hetero.add_argument("--edge-type", action="append", default=[], type=named_file,
+                        metavar="SRC:REL:DST=FILE", help="one edge type's edges; repeatable")
+    hetero.add_argument("--type-features", action="append", default=[], type=named_file,
+                        metavar="TYPE=FILE", help="one node type's feature \"feat\"; repeatable")
+    hetero.add_argument("--target", help="the node type of --labels and the splits")
     args = parser.parse_args(argv)
+    if args.node_type:
+        check_hetero_args(parser, args)
+    else:
+        for option in ("edge_type", "type_features", "target"):
+            if getattr(args, option):
+                parser.error(f"--{option.replace('_', '-')} needs --node-type (several node types)")
+        for option in ("edges", "features"):
+            if getattr(args, option) is None:
+                parser.error(f"the following arguments are required: --{option}")
     idx_files = [args.train_idx, args.val_idx, args.test_idx]
     if any(idx_files) and not all(idx_files):
         parser.error("give all three of --train-idx, --val-idx, --test-idx, or none (then --split is used)")
@@ -212,6 +246,36 @@ def parse_args(argv=None):
     return args
 
 
+def named_count(text):
+    """argparse type of --node-type: NAME=COUNT."""
+    name, sep, count = text.partition("=")
+    if not sep or not name or not count.isdigit() or int(count) < 1:
+        raise argparse.ArgumentTypeError(f"expected NAME=COUNT (a positive count), got {text!r}")
+    return name, int(count)
+
+
+def check_hetero_args(parser, args):
+    """With --node-type: the heterogeneous options, and none of the
+    homogeneous graph's."""
+    for option in ("edges", "features", "feature"):
+        if getattr(args, option):
+            parser.error(f"--{option} is for a graph of one node type; with --node-type give "
+                         "--edge-type and --type-features")
+    for option in ("add_reverse_edges", "drop_self_loops"):
+        if getattr(args, option):
+            parser.error(f"--{option.replace('_', '-')} is for a graph of one node type; give "
+                         "each edge type's reverse as an --edge-type of its own")
+    if not args.edge_type:
+        parser.error("--node-type needs at least one --edge-type SRC:REL:DST=FILE")
+    if not args.target:
+        parser.error("--node-type needs --target, the node type of --labels")
+    for option, pairs in (("--node-type", args.node_type), ("--edge-type", args.edge_type),
+                          ("--type-features", args.type_features)):
+        names = [name for name, _ in pairs]
+        if len(set(names)) != len(names):
+            parser.error(f"{option}: {max(names, key=names.count)!r} is given twice")
+
+
 def load_splits(args, num_nodes):
     """(train, val, test) node ids: from the index files or a random split."""
     if args.split is None:
@@ -219,8 +283,28 @@ def load_splits(args, num_nodes):
     return ondisk.split_nodes(num_nodes, args.split, seed=args.seed)
 
 
+def convert_hetero(args):
+    """Several node and edge types: read, and write with the checks of
+    ondisk.write_hetero_dataset."""
+    if os.path.lexists(args.out_dir) and not args.force:
+        raise ondisk.DatasetError(f"{args.out_dir}: already exists; use --force to replace it")
+    num_nodes = dict(args.node_type)
+    if args.target not in num_nodes:
+        raise ondisk.DatasetError(
+            f"--target {args.target}: not one of the node types: {', '.join(sorted(num_nodes))}")
+    edges = {etype: load_edges(path) for etype, path in args.edge_type}
+    features = {ntype: load_npy(path) for ntype, path in args.type_features}
+    train, val, test = load_splits(args, num_nodes[args.target])
+    return ondisk.write_hetero_dataset(
+        args.out_dir, num_nodes, edges, load_npy(args.labels), train, val, test,
+        args.target, features=features, num_classes=args.num_classes,
+        force=args.force, kind=args.label_kind)
+
+
 def convert(args):
     """Read, transform and write; returns the writer's summary."""
+    if args.node_type:
+        return convert_hetero(args)
     names = {"edges": args.edges, "features": args.features, "labels": args.labels}
     names.update({f"feature {name}": path for name, path in args.feature})
     if args.split is None:
@@ -258,13 +342,21 @@ def main(argv=None):
         print(f"convert_to_ondisk.py: error: {err}", file=sys.stderr)
         return ERROR_EXIT
     sizes = summary["split_sizes"]
-    extra = "".join(f", {name} {width}" for name, width in summary["extra_features"].items())
     classes = {"class": "classes", "multi-hot": "classes (multi-hot)",
                "value": "values per node"}[summary["label_kind"]]
+    splits = f"train/val/test {sizes['train']}/{sizes['validation']}/{sizes['test']}"
+    if args.node_type:
+        nodes = ", ".join(f"{count} {ntype}" for ntype, count in summary["num_nodes"].items())
+        edges = ", ".join(f"{count} {etype}" for etype, count in summary["num_edges"].items())
+        print(f"wrote {args.out_dir}: nodes {nodes}; edges {edges}; {summary['num_classes']} "
+              f"{classes} on {summary['target']}, {splits}")
+        # The example trains one node type and one edge type (it refuses this one).
+        print("heterogeneous: see docs/own-data.md#several-node-or-edge-types")
+        return 0
+    extra = "".join(f", {name} {width}" for name, width in summary["extra_features"].items())
     print(
         f"wrote {args.out_dir}: {summary['num_nodes']} nodes, {summary['num_edges']} edges, "
-        f"{summary['feat_dim']} features{extra}, {summary['num_classes']} {classes}, "
-        f"train/val/test {sizes['train']}/{sizes['validation']}/{sizes['test']}"
+        f"{summary['feat_dim']} features{extra}, {summary['num_classes']} {classes}, {splits}"
     )
     print(f"train with: python node_classification.py --dataset {args.out_dir}")
     return 0

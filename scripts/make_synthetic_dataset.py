@@ -17,6 +17,10 @@ How it is made, so that a GraphSAGE model has something to learn:
 - edges: each node has on average --avg-degree in-edges; 80% of edges join
   two nodes of the same class (homophily), the rest join random nodes.
 Features and edges follow the class, the stored label is the noisy one.
+With --hetero: users (labelled) buy items (edge types user:buys:item and
+item:bought-by:user), mostly of their own class; a user's own features are
+weak (noise 2.0, not 0.5) and the items' clear, so a relational model must
+read the items it bought to do well.
 The same arguments always produce the same bytes.
 """
 
@@ -96,6 +100,64 @@ def make_dataset(
     return edges, features, labels
 
 
+# --hetero: users (the target, with labels) and half as many items. A
+# user's own features are weaker than on the homogeneous graph (its
+# bought items carry the signal), so a model must read the items.
+HETERO_USER_NOISE = 2.0
+
+
+def make_hetero_dataset(num_users, avg_degree, feat_dim, num_classes, seed,
+                        homophily=HOMOPHILY, label_noise=LABEL_NOISE):
+    """Users and items, each with a class; a user buys about `avg_degree`
+    items, of its own class with p=homophily. Returns (num_nodes, edges,
+    features, user labels) as ondisk.write_hetero_dataset takes them."""
+    rng = np.random.default_rng(seed)
+    num_items = max(num_classes, num_users // 2)
+    classes, labels = make_classes_and_labels(rng, num_users, num_classes, label_noise)
+    item_classes = rng.integers(0, num_classes, size=num_items, dtype=np.int64)
+    # Items' features are as clear as the homogeneous graph's nodes'; the
+    # items' feature width differs, so a model must size each type's input.
+    item_features = make_features(rng, item_classes, num_classes,
+                                  max(1, feat_dim // 2), NOISE_SCALE)
+    user_features = make_features(rng, classes, num_classes, feat_dim,
+                                  HETERO_USER_NOISE)
+    num_edges = int(round(num_users * avg_degree))
+    buyers = rng.integers(0, num_users, size=num_edges, dtype=np.int64)
+    bought = rng.integers(0, num_items, size=num_edges, dtype=np.int64)
+    same = np.flatnonzero(rng.random(num_edges) < homophily)
+    by_class = np.argsort(item_classes, kind="stable")
+    count = np.bincount(item_classes, minlength=num_classes)
+    start = np.cumsum(count) - count
+    cls = classes[buyers[same]]
+    # (every class has items: num_items >= num_classes, drawn uniformly;
+    # a class without any keeps its random items)
+    has = count[cls] > 0
+    offset = (rng.random(same.size) * count[cls]).astype(np.int64)
+    bought[same[has]] = by_class[(start[cls] + offset)[has]]
+    buys = np.stack([buyers, bought])
+    return ({"user": num_users, "item": num_items},
+            {"user:buys:item": buys, "item:bought-by:user": buys[::-1].copy()},
+            {"user": user_features, "item": item_features}, labels)
+
+
+def write_hetero(parser, args):
+    num_nodes, edges, features, labels = make_hetero_dataset(
+        args.num_nodes, args.avg_degree, args.feat_dim, args.num_classes, args.seed)
+    train, val, test = ondisk.split_nodes(args.num_nodes, args.split, seed=args.seed + 1)
+    try:
+        summary = ondisk.write_hetero_dataset(
+            args.out_dir, num_nodes, edges, labels, train, val, test, "user",
+            features=features, num_classes=args.num_classes, name="synthetic-hetero",
+            force=args.force)
+    except ondisk.DatasetError as err:
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    sizes = summary["split_sizes"]
+    print(f"wrote {args.out_dir}: {num_nodes['user']} users, {num_nodes['item']} items, "
+          f"{edges['user:buys:item'].shape[1]} edges each way, {args.num_classes} classes "
+          f"on user, train/val/test {sizes['train']}/{sizes['validation']}/{sizes['test']}")
+
+
 def parse_args(argv=None):
     parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out_dir", help="dataset directory to create")
@@ -106,6 +168,9 @@ def parse_args(argv=None):
     parser.add_argument("--split", type=ondisk.split_argument, default=(0.6, 0.2, 0.2), help="train,val,test fractions")
     parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
+    parser.add_argument("--hetero", action="store_true",
+                        help="two node types: --num-nodes users (labelled) and half as many items, "
+                        "edge types user:buys:item and its reverse item:bought-by:user")
     args = parser.parse_args(argv)
     if int(args.num_nodes * args.split[0]) < 1:
         parser.error(f"--split: the train set of {args.num_nodes} nodes would be empty")
@@ -114,6 +179,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     parser, args = parse_args(argv)
+    if args.hetero:
+        return write_hetero(parser, args)
     edges, features, labels = make_dataset(
         args.num_nodes, args.avg_degree, args.feat_dim, args.num_classes, args.seed
     )
