@@ -70,21 +70,24 @@ def make_features(rng, classes, num_classes, feat_dim, noise_scale):
     return features
 
 
-def make_edges(rng, classes, num_classes, num_edges, homophily):
-    """Random sources; destinations in the source's class with p=homophily."""
-    num_nodes = classes.shape[0]
-    src = rng.integers(0, num_nodes, size=num_edges, dtype=np.int64)
-    dst = rng.integers(0, num_nodes, size=num_edges, dtype=np.int64)
+def make_edges(rng, classes, num_classes, num_edges, homophily, dst_classes=None):
+    """Random sources; destinations in the source's class with p=homophily,
+    among the nodes of `dst_classes` (another node type's classes; default
+    the same nodes). A class without any such node keeps random ones."""
+    dst_classes = classes if dst_classes is None else dst_classes
+    src = rng.integers(0, classes.shape[0], size=num_edges, dtype=np.int64)
+    dst = rng.integers(0, dst_classes.shape[0], size=num_edges, dtype=np.int64)
     same_class = np.flatnonzero(rng.random(num_edges) < homophily)
     # Nodes sorted by class: class c owns the slice by_class[start[c]:start[c]+count[c]],
     # so a random partner of the same class is one random offset into that slice.
-    by_class = np.argsort(classes, kind="stable")
-    count = np.bincount(classes, minlength=num_classes)
+    by_class = np.argsort(dst_classes, kind="stable")
+    count = np.bincount(dst_classes, minlength=num_classes)
     start = np.cumsum(count) - count
     cls = classes[src[same_class]]
     offset = (rng.random(same_class.size) * count[cls]).astype(np.int64)
-    dst[same_class] = by_class[start[cls] + offset]
-    return ondisk.drop_self_loops(np.stack([src, dst]))
+    has = count[cls] > 0
+    dst[same_class[has]] = by_class[(start[cls] + offset)[has]]
+    return src, dst
 
 
 def make_dataset(
@@ -96,8 +99,8 @@ def make_dataset(
     classes, labels = make_classes_and_labels(rng, num_nodes, num_classes, label_noise)
     features = make_features(rng, classes, num_classes, feat_dim, noise_scale)
     num_edges = int(round(num_nodes * avg_degree))
-    edges = make_edges(rng, classes, num_classes, num_edges, homophily)
-    return edges, features, labels
+    src, dst = make_edges(rng, classes, num_classes, num_edges, homophily)
+    return ondisk.drop_self_loops(np.stack([src, dst])), features, labels
 
 
 # --hetero: users (the target, with labels) and half as many items. A
@@ -122,18 +125,8 @@ def make_hetero_dataset(num_users, avg_degree, feat_dim, num_classes, seed,
     user_features = make_features(rng, classes, num_classes, feat_dim,
                                   HETERO_USER_NOISE)
     num_edges = int(round(num_users * avg_degree))
-    buyers = rng.integers(0, num_users, size=num_edges, dtype=np.int64)
-    bought = rng.integers(0, num_items, size=num_edges, dtype=np.int64)
-    same = np.flatnonzero(rng.random(num_edges) < homophily)
-    by_class = np.argsort(item_classes, kind="stable")
-    count = np.bincount(item_classes, minlength=num_classes)
-    start = np.cumsum(count) - count
-    cls = classes[buyers[same]]
-    # (every class has items: num_items >= num_classes, drawn uniformly;
-    # a class without any keeps its random items)
-    has = count[cls] > 0
-    offset = (rng.random(same.size) * count[cls]).astype(np.int64)
-    bought[same[has]] = by_class[(start[cls] + offset)[has]]
+    buyers, bought = make_edges(rng, classes, num_classes, num_edges, homophily,
+                                dst_classes=item_classes)
     buys = np.stack([buyers, bought])
     return ({"user": num_users, "item": num_items},
             {"user:buys:item": buys, "item:bought-by:user": buys[::-1].copy()},
