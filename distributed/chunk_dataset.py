@@ -218,6 +218,7 @@ def write(args):
 
     example = gbrun.cli.load_example(
         args.example, ("FEATURE_KEYS", "LABEL_KEY", "LABELS"))
+    gbrun.distributed.refuse_node_types(example)
     metadata = read_metadata(args.dataset)
     graph = metadata.get("graph", {})
     if len(graph.get("nodes", [])) != 1 or len(graph.get("edges", [])) != 1:

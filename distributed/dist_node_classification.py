@@ -59,7 +59,7 @@ from gbrun import checkpoint, cli, datasets, launch
 from gbrun.distributed import (
     FIRST_CLIENT_TIMEOUT_S, PROGRESS_TIMEOUT_S, Partitions, TrainerWatch,
     exit_when_clients_are_gone, fail_fast, load_item_sets,
-    samplers_die_with_trainer, unlink_job_memory,
+    refuse_node_types, samplers_die_with_trainer, unlink_job_memory,
 )
 
 import dgl
@@ -168,6 +168,7 @@ def check_loader(example):
 def check_keys(info, example):
     """The partitions hold what the example reads (partition_graph.py wrote
     them with the same --example)."""
+    refuse_node_types(example)
     missing = [k for k in example.FEATURE_KEYS if k not in info["features"]]
     if missing or info["label_key"] != example.LABEL_KEY or (
             info["labels"] != example.LABELS):

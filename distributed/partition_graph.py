@@ -234,6 +234,7 @@ def main(argv=None):
     try:
         example = gbrun.cli.load_example(
             args.example, ("FEATURE_KEYS", "LABEL_KEY", "LABELS"))
+        gbrun.distributed.refuse_node_types(example)
         dataset = gbrun.datasets.load_dataset(args.dataset, args.root)
         item_sets = gbrun.datasets.check_dataset(
             dataset, args.dataset, example.FEATURE_KEYS, example.LABEL_KEY,

@@ -12,9 +12,25 @@ BUILTIN_DATASETS = ["cora", "ogbn-arxiv", "ogbn-products", "ogbn-papers100M"]
 SPLITS = ("train_set", "validation_set", "test_set")
 
 
-def node_key(name):
-    """The feature store's key of node feature `name` (homogeneous graph)."""
-    return ("node", None, name)
+def node_key(name, node_type=None):
+    """The feature store's key of node feature `name` (of `node_type`, on a
+    graph of several)."""
+    return ("node", node_type, name)
+
+
+def node_keys(feature_keys):
+    """The feature store's keys of the example's FEATURE_KEYS: a list of
+    names (one node type), or {node type: [names]} (several)."""
+    if isinstance(feature_keys, dict):
+        return [node_key(name, ntype) for ntype, names in feature_keys.items()
+                for name in names]
+    return [node_key(name) for name in feature_keys]
+
+
+def edge_types(dataset):
+    """The (source type, relation, destination type) of each edge type of a
+    graph of several node types, as DGL's heterogeneous modules take them."""
+    return [tuple(etype.split(":")) for etype in dataset.graph.edge_type_to_id]
 
 
 def load_dataset(name_or_dir, data_root="datasets"):
@@ -58,7 +74,7 @@ def dataset_identity(name_or_dir):
 
 LABEL_KINDS = ("class", "multi-hot", "value")
 # Where a user with a heterogeneous graph reads what to do.
-HETEROGENEOUS_PAGE = "docs/own-data.md#several-node-or-edge-types"
+HETEROGENEOUS_PAGE = "docs/customising.md#several-node-and-edge-types"
 
 
 def heterogeneous(name, node_types, edge_types):
@@ -68,7 +84,8 @@ def heterogeneous(name, node_types, edge_types):
         f"dataset '{name}' is heterogeneous (node types: "
         f"{', '.join(sorted(node_types))}; edge types: "
         f"{', '.join(sorted(edge_types))}), but the example trains a graph "
-        f"of one node type and one edge type (see {HETEROGENEOUS_PAGE})")
+        f"of one node type and one edge type: {HETEROGENEOUS_PAGE} shows the "
+        "edit for several")
 
 
 def check_homogeneous(dataset, name):
@@ -92,6 +109,9 @@ def check_dataset(dataset, name, feature_keys, label_key, labels="class"):
     "multi-hot", num_classes entries of 0 or 1 per node (float32, for
     multi-label losses), or "value", num_classes finite floats per node
     (float32 rows, for a regression loss)."""
+    if isinstance(feature_keys, dict):
+        return check_heterogeneous(dataset, name, feature_keys, label_key,
+                                   labels)
     check_homogeneous(dataset, name)
     task = dataset.tasks[0]
     if "num_classes" not in task.metadata:
@@ -137,6 +157,69 @@ def check_dataset(dataset, name, feature_keys, label_key, labels="class"):
             gb.ItemSet((torch.as_tensor(seeds), values),
                        names=("seed_nodes", "labels"))
         )
+    return tuple(item_sets)
+
+
+def check_heterogeneous(dataset, name, feature_keys, label_key, labels):
+    """check_dataset for FEATURE_KEYS {node type: [names]} (a graph of
+    several node types): each named feature exists on its type, with one
+    vector per node; every split holds the seeds of one node type, the
+    target, with labels checked as on one type. Returns the item sets as
+    {target: ItemSet} dicts (gb.ItemSetDict), as the loader takes them."""
+    node_types = sorted(getattr(dataset.graph, "node_type_to_id", None) or {})
+    if len(node_types) < 2:
+        raise UsageError(
+            f"dataset '{name}' has one node type, but FEATURE_KEYS names node "
+            f"types ({', '.join(feature_keys)}): use a list of feature names")
+    keys = dataset.feature.keys()
+    for ntype, names in feature_keys.items():
+        if ntype not in node_types:
+            raise UsageError(
+                f"FEATURE_KEYS names node type '{ntype}', but dataset '{name}' "
+                f"has node types {', '.join(node_types)}")
+        for feature_key in names:
+            if node_key(feature_key, ntype) not in keys:
+                found = ", ".join(k[2] for k in keys if k[1] == ntype) or "none"
+                raise UsageError(
+                    f"dataset '{name}' has no feature '{feature_key}' on node "
+                    f"type '{ntype}' (it has: {found})")
+            row = list(dataset.feature.size(*node_key(feature_key, ntype)))
+            if len(row) != 1:
+                raise UsageError(
+                    f"dataset '{name}': feature '{feature_key}' of '{ntype}' "
+                    f"has rows of shape {row}; the model reads one vector per node")
+    task = dataset.tasks[0]
+    if "num_classes" not in task.metadata:
+        raise UsageError(f"dataset '{name}': its task has no num_classes in "
+                         "metadata.yaml")
+    num_classes = int(task.metadata["num_classes"])
+    item_sets = []
+    for split in SPLITS:
+        item_set = getattr(task, split)
+        if item_set is None or len(item_set) == 0:
+            raise UsageError(f"dataset '{name}' has an empty {split}")
+        items = item_set[0:len(item_set)]
+        if not isinstance(items, dict) or len(items) != 1:
+            types = ", ".join(items) if isinstance(items, dict) else "none"
+            raise UsageError(
+                f"dataset '{name}': the {split} holds seeds of node types "
+                f"{types}; the example learns the labels of one node type")
+        (target, items), = items.items()
+        if "labels" in (item_set.names or ()):
+            seeds, values = items
+            where = f"dataset '{name}': the {split}'s labels"
+        elif node_key(label_key, target) in keys:
+            seeds = items[0] if isinstance(items, tuple) else items
+            values = dataset.feature.read(*node_key(label_key, target), seeds)
+            where = (f"dataset '{name}': feature '{label_key}' of "
+                     f"'{target}' (the {split}'s labels)")
+        else:
+            raise UsageError(
+                f"dataset '{name}': the {split} has no labels and node type "
+                f"'{target}' has no feature named '{label_key}'")
+        values = checked_labels(values, num_classes, labels, where)
+        item_sets.append(gb.ItemSetDict({target: gb.ItemSet(
+            (torch.as_tensor(seeds), values), names=("seed_nodes", "labels"))}))
     return tuple(item_sets)
 
 
@@ -188,8 +271,17 @@ INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32,
 
 
 def feature_size(dataset, feature_keys):
-    """The model's input width: the features `feature_keys`, side by side."""
-    return sum(dataset.feature.size(*node_key(key))[0] for key in feature_keys)
+    """The model's input width: the features `feature_keys`, side by side
+    ({node type: width} for FEATURE_KEYS per node type)."""
+    if isinstance(feature_keys, dict):
+        return {ntype: feature_size_of(dataset, names, ntype)
+                for ntype, names in feature_keys.items()}
+    return feature_size_of(dataset, feature_keys)
+
+
+def feature_size_of(dataset, names, node_type=None):
+    return sum(dataset.feature.size(*node_key(name, node_type))[0]
+               for name in names)
 
 
 def check_train_split(num_train_items, batch_size, world_size):
@@ -211,6 +303,6 @@ def store_in_bf16(dataset, feature_keys):
     """--precision bf16: the features the model reads, converted once where
     the data is loaded; the ranks share this copy and the fp32 one is
     released."""
-    for key in map(node_key, feature_keys):
+    for key in node_keys(feature_keys):
         dataset.feature.update(
             *key, dataset.feature.read(*key).to(torch.bfloat16))

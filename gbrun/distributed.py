@@ -57,6 +57,18 @@ ORIG_NIDS_FILE = "orig_nids.pt"
 SPLITS = ("train_set", "validation_set", "test_set")
 
 
+def refuse_node_types(example):
+    """One line for a copy whose FEATURE_KEYS name node types (a graph of
+    several): DGL's distributed engine does not train it here yet."""
+    from .cli import UsageError
+
+    if isinstance(example.FEATURE_KEYS, dict):
+        raise UsageError(
+            f"{example.__file__}: FEATURE_KEYS per node type (a graph of "
+            "several node types) trains on one machine only; DGL's "
+            "distributed engine does not train it here yet")
+
+
 def save_item_sets(out_dir, splits, orig_nids):
     """`splits`: (seed node ids, labels) of train, validation and test, in
     dataset ids; saved with the seeds renumbered as the partitions number

@@ -3,7 +3,7 @@ torch.index_select, pinned memory with an optional GPU cache, or the GPU."""
 import torch
 
 from .cli import UsageError
-from .datasets import node_key
+from .datasets import node_keys
 from .graphbolt import gb, make_gpu_cache
 
 def place_dataset(job, storage, device, gpu_cache_size, feature_keys):
@@ -49,7 +49,7 @@ def gpu_cached_store(features, feature_keys, cache_bytes):
     (public API on every GraphBolt release). The bytes are shared in
     proportion to row sizes: every cache then holds as many rows, and a
     batch reads the same nodes from each feature."""
-    keys = [node_key(key) for key in feature_keys]
+    keys = node_keys(feature_keys)
     tensors = {key: features.read(*key) for key in keys}
     row_bytes = {key: t[0].numel() * t.element_size()
                  for key, t in tensors.items()}

@@ -350,8 +350,8 @@ def main(argv=None):
         edges = ", ".join(f"{count} {etype}" for etype, count in summary["num_edges"].items())
         print(f"wrote {args.out_dir}: nodes {nodes}; edges {edges}; {summary['num_classes']} "
               f"{classes} on {summary['target']}, {splits}")
-        # The example trains one node type and one edge type (it refuses this one).
-        print("heterogeneous: see docs/own-data.md#several-node-or-edge-types")
+        print(f"train with docs/customising.md's edit for several node types "
+              f"(#several-node-and-edge-types): --dataset {args.out_dir}")
         return 0
     extra = "".join(f", {name} {width}" for name, width in summary["extra_features"].items())
     print(

@@ -50,7 +50,7 @@ LEARNS_IN_3_EPOCHS = 0.87
 CUSTOMISING = os.path.join(REPO, "docs", "customising.md")
 EDITS = ["gat", "cosine", "macro_f1", "keys", "multi_label", "best_model",
          "two_features", "auroc", "accumulation", "early_stopping",
-         "regression"]
+         "regression", "hetero"]
 
 
 def doc_diffs():

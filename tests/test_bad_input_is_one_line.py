@@ -304,7 +304,8 @@ def test_a_heterogeneous_dataset_is_refused_naming_its_types(
     expected = (f"dataset '{dataset}' is heterogeneous (node types: item, "
                 "user; edge types: item:bought-by:user, user:buys:item), "
                 "but the example trains a graph of one node type and one "
-                "edge type (see docs/own-data.md#several-node-or-edge-types)")
+                "edge type: docs/customising.md#several-node-and-edge-types "
+                "shows the edit for several")
 
     def load(path):
         spec = importlib.util.spec_from_file_location(
