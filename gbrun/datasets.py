@@ -108,11 +108,17 @@ def check_dataset(dataset, name, feature_keys, label_key, labels="class"):
     integer in [0, num_classes) per node (int64 for cross-entropy), or
     "multi-hot", num_classes entries of 0 or 1 per node (float32, for
     multi-label losses), or "value", num_classes finite floats per node
-    (float32 rows, for a regression loss)."""
-    if isinstance(feature_keys, dict):
-        return check_heterogeneous(dataset, name, feature_keys, label_key,
-                                   labels)
-    check_homogeneous(dataset, name)
+    (float32 rows, for a regression loss). FEATURE_KEYS per node type
+    ({type: [names]}, a graph of several): each type's features on it, and
+    every split's seeds of one node type, the target, whose item sets are
+    returned as {target: ItemSet} (gb.ItemSetDict), as the loader takes
+    them."""
+    per_type = feature_keys if isinstance(feature_keys, dict) else {
+        None: feature_keys}
+    if None in per_type:
+        check_homogeneous(dataset, name)
+    else:
+        check_node_types(dataset, name, per_type)
     task = dataset.tasks[0]
     if "num_classes" not in task.metadata:
         raise UsageError(
@@ -120,107 +126,88 @@ def check_dataset(dataset, name, feature_keys, label_key, labels="class"):
             "num_classes in metadata.yaml"
         )
     num_classes = int(task.metadata["num_classes"])
-    keys = dataset.feature.keys()
-    names = ", ".join(str(k[2]) for k in keys) or "none"
-    for feature_key in feature_keys:
-        if node_key(feature_key) not in keys:
-            raise UsageError(
-                f"dataset '{name}' has no node feature named '{feature_key}' "
-                f"(it has: {names})"
-            )
-        row = list(dataset.feature.size(*node_key(feature_key)))
-        if len(row) != 1:
-            raise UsageError(
-                f"dataset '{name}': node feature '{feature_key}' has rows of "
-                f"shape {row}; the model reads one vector per node"
-            )
+    for ntype, feature_names in per_type.items():
+        for feature_key in feature_names:
+            check_feature(dataset, name, feature_key, ntype)
     item_sets = []
     for split in SPLITS:
         item_set = getattr(task, split)
         if item_set is None or len(item_set) == 0:
             raise UsageError(f"dataset '{name}' has an empty {split}")
-        seeds = item_set[0 : len(item_set)]
+        items, target = item_set[0 : len(item_set)], None
+        if None not in per_type:
+            items, target = one_node_type(items, name, split)
         if "labels" in (item_set.names or ()):
-            seeds, values = seeds
+            seeds, values = items
             where = f"dataset '{name}': the {split}'s labels"
-        elif node_key(label_key) in keys:
-            values = dataset.feature.read(*node_key(label_key), seeds)
-            where = (f"dataset '{name}': node feature '{label_key}' (the "
-                     f"{split}'s labels)")
+        elif node_key(label_key, target) in dataset.feature.keys():
+            seeds = items[0] if isinstance(items, tuple) else items
+            values = dataset.feature.read(*node_key(label_key, target), seeds)
+            where = (f"dataset '{name}': {feature_name(label_key, target)} "
+                     f"(the {split}'s labels)")
         else:
             raise UsageError(
                 f"dataset '{name}': the {split} has no labels and there "
-                f"is no node feature named '{label_key}' (it has: {names})"
+                f"is no {feature_name(label_key, target, named=True)} (it has: "
+                f"{feature_names_of(dataset, target)})"
             )
         values = checked_labels(values, num_classes, labels, where)
-        item_sets.append(
-            gb.ItemSet((torch.as_tensor(seeds), values),
-                       names=("seed_nodes", "labels"))
-        )
+        checked = gb.ItemSet((torch.as_tensor(seeds), values),
+                             names=("seed_nodes", "labels"))
+        item_sets.append(checked if target is None
+                         else gb.ItemSetDict({target: checked}))
     return tuple(item_sets)
 
 
-def check_heterogeneous(dataset, name, feature_keys, label_key, labels):
-    """check_dataset for FEATURE_KEYS {node type: [names]} (a graph of
-    several node types): each named feature exists on its type, with one
-    vector per node; every split holds the seeds of one node type, the
-    target, with labels checked as on one type. Returns the item sets as
-    {target: ItemSet} dicts (gb.ItemSetDict), as the loader takes them."""
+def feature_name(key, node_type=None, named=False):
+    if node_type is not None:
+        return f"feature '{key}' of node type '{node_type}'"
+    return f"node feature {'named ' if named else ''}'{key}'"
+
+
+def feature_names_of(dataset, node_type=None):
+    return ", ".join(str(k[2]) for k in dataset.feature.keys()
+                     if node_type is None or k[1] == node_type) or "none"
+
+
+def check_feature(dataset, name, key, node_type=None):
+    """The feature `key` (of `node_type`) exists, one vector per node."""
+    if node_key(key, node_type) not in dataset.feature.keys():
+        raise UsageError(
+            f"dataset '{name}' has no {feature_name(key, node_type, True)} (it "
+            f"has: {feature_names_of(dataset, node_type)})")
+    row = list(dataset.feature.size(*node_key(key, node_type)))
+    if len(row) != 1:
+        raise UsageError(
+            f"dataset '{name}': {feature_name(key, node_type)} has rows of "
+            f"shape {row}; the model reads one vector per node")
+
+
+def check_node_types(dataset, name, per_type):
+    """FEATURE_KEYS per node type: the dataset has several, these among
+    them."""
     node_types = sorted(getattr(dataset.graph, "node_type_to_id", None) or {})
     if len(node_types) < 2:
         raise UsageError(
             f"dataset '{name}' has one node type, but FEATURE_KEYS names node "
-            f"types ({', '.join(feature_keys)}): use a list of feature names")
-    keys = dataset.feature.keys()
-    for ntype, names in feature_keys.items():
+            f"types ({', '.join(per_type)}): use a list of feature names")
+    for ntype in per_type:
         if ntype not in node_types:
             raise UsageError(
                 f"FEATURE_KEYS names node type '{ntype}', but dataset '{name}' "
                 f"has node types {', '.join(node_types)}")
-        for feature_key in names:
-            if node_key(feature_key, ntype) not in keys:
-                found = ", ".join(k[2] for k in keys if k[1] == ntype) or "none"
-                raise UsageError(
-                    f"dataset '{name}' has no feature '{feature_key}' on node "
-                    f"type '{ntype}' (it has: {found})")
-            row = list(dataset.feature.size(*node_key(feature_key, ntype)))
-            if len(row) != 1:
-                raise UsageError(
-                    f"dataset '{name}': feature '{feature_key}' of '{ntype}' "
-                    f"has rows of shape {row}; the model reads one vector per node")
-    task = dataset.tasks[0]
-    if "num_classes" not in task.metadata:
-        raise UsageError(f"dataset '{name}': its task has no num_classes in "
-                         "metadata.yaml")
-    num_classes = int(task.metadata["num_classes"])
-    item_sets = []
-    for split in SPLITS:
-        item_set = getattr(task, split)
-        if item_set is None or len(item_set) == 0:
-            raise UsageError(f"dataset '{name}' has an empty {split}")
-        items = item_set[0:len(item_set)]
-        if not isinstance(items, dict) or len(items) != 1:
-            types = ", ".join(items) if isinstance(items, dict) else "none"
-            raise UsageError(
-                f"dataset '{name}': the {split} holds seeds of node types "
-                f"{types}; the example learns the labels of one node type")
-        (target, items), = items.items()
-        if "labels" in (item_set.names or ()):
-            seeds, values = items
-            where = f"dataset '{name}': the {split}'s labels"
-        elif node_key(label_key, target) in keys:
-            seeds = items[0] if isinstance(items, tuple) else items
-            values = dataset.feature.read(*node_key(label_key, target), seeds)
-            where = (f"dataset '{name}': feature '{label_key}' of "
-                     f"'{target}' (the {split}'s labels)")
-        else:
-            raise UsageError(
-                f"dataset '{name}': the {split} has no labels and node type "
-                f"'{target}' has no feature named '{label_key}'")
-        values = checked_labels(values, num_classes, labels, where)
-        item_sets.append(gb.ItemSetDict({target: gb.ItemSet(
-            (torch.as_tensor(seeds), values), names=("seed_nodes", "labels"))}))
-    return tuple(item_sets)
+
+
+def one_node_type(items, name, split):
+    """(items, their node type) of a split of a graph of several node
+    types, which must hold the seeds of one."""
+    if not isinstance(items, dict) or len(items) != 1:
+        types = ", ".join(items) if isinstance(items, dict) else "none"
+        raise UsageError(
+            f"dataset '{name}': the {split} holds seeds of node types "
+            f"{types}; the example learns the labels of one node type")
+    (target, items), = items.items()
+    return items, target
 
 
 def checked_labels(values, num_classes, kind, where):

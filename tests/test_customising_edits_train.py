@@ -239,6 +239,15 @@ def test_several_node_and_edge_types_train_on_what_the_items_tell(
     assert error.endswith("--predict: not yet for a graph of several node "
                           "types (FEATURE_KEYS per node type); predict with "
                           "the saved model.pt instead")
+    # Keys of another schema, refused naming them.
+    module.FEATURE_KEYS = {"user": ["feat"], "shop": ["feat"]}
+    assert refusal(module, capsys, "--dataset", dataset).endswith(
+        "FEATURE_KEYS names node type 'shop', but dataset "
+        f"'{dataset}' has node types item, user")
+    module.FEATURE_KEYS = {"user": ["feat"], "item": ["x"]}
+    assert refusal(module, capsys, "--dataset", dataset).endswith(
+        f"dataset '{dataset}' has no feature 'x' of node type 'item' (it "
+        "has: feat)")
     # DGL's distributed engine refuses the copy in one line, too.
     spec = importlib.util.spec_from_file_location(
         "partition_graph", os.path.join(DISTRIBUTED, "partition_graph.py"))
