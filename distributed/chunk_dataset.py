@@ -42,12 +42,10 @@ import gbrun.distributed
 # refused before they load.
 
 NTYPE, ETYPE = "_N", "_N:_E:_N"  # a homogeneous graph's types, as DGL names them
-DATASET_INFO_FILE = "dataset_info.json"
 ITEM_SETS_FILE = "item_sets_dataset_ids.pt"
 DEFAULT_EXAMPLE = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     "node_classification.py")
-SPLIT_MASKS = ("train_mask", "val_mask", "test_mask")
 
 
 def read_metadata(dataset):
@@ -271,7 +269,7 @@ def write(args):
 
     node_data[example.LABEL_KEY] = write_rows(
         labels, node_sizes, f"node_data/{example.LABEL_KEY}-%d.npy", out)
-    for index, mask in enumerate(SPLIT_MASKS):
+    for index, mask in enumerate(gbrun.distributed.SPLIT_MASKS):
         def split_mask(start, end, index=index):
             low, high = rows(start, end)
             chunk = np.zeros(end - start, dtype=bool)
@@ -299,18 +297,10 @@ def write(args):
     with open(os.path.join(out, "metadata.json"), "w") as f:
         json.dump(chunked, f, indent=2)
     torch.save(splits, os.path.join(out, ITEM_SETS_FILE))
-    info = {
-        "graph_name": graph_name,
-        "num_classes": num_classes,
-        "features": {key: int(feature.shape[1])
-                     for key, feature in features.items()},
-        "label_key": example.LABEL_KEY,
-        "labels": example.LABELS,
-        "num_train": len(splits[0][0]),
-        "use_graphbolt": False,
-    }
-    with open(os.path.join(out, DATASET_INFO_FILE), "w") as f:
-        json.dump(info, f, indent=2)
+    gbrun.distributed.write_dataset_info(out, gbrun.distributed.dataset_info(
+        graph_name, num_classes,
+        {key: feature.shape[1] for key, feature in features.items()},
+        example, len(splits[0][0])))
     print(f"Graph {graph_name}: {num_nodes} nodes, {edges.shape[1]} edges in "
           f"{args.num_chunks} chunks -> {os.path.abspath(out)}/metadata.json")
 
@@ -340,11 +330,11 @@ def finish(args):
     splits = torch.load(os.path.join(args.chunked, ITEM_SETS_FILE),
                         weights_only=True)
     gbrun.distributed.save_item_sets(args.partitions, splits, orig_nids)
-    with open(os.path.join(args.chunked, DATASET_INFO_FILE)) as f:
+    with open(os.path.join(args.chunked,
+                           gbrun.distributed.DATASET_INFO_FILE)) as f:
         info = json.load(f)
     info["graph_name"] = config["graph_name"]
-    with open(os.path.join(args.partitions, DATASET_INFO_FILE), "w") as f:
-        json.dump(info, f, indent=2)
+    gbrun.distributed.write_dataset_info(args.partitions, info)
     print(f"Partition config: {os.path.abspath(config_path)}")
 
 

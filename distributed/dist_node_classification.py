@@ -57,7 +57,8 @@ import inspect
 import gbrun.graphbolt  # noqa: F401 (first: one line if DGL cannot load)
 from gbrun import checkpoint, cli, datasets, launch
 from gbrun.distributed import (
-    FIRST_CLIENT_TIMEOUT_S, PROGRESS_TIMEOUT_S, Partitions, TrainerWatch,
+    DATASET_INFO_FILE, FIRST_CLIENT_TIMEOUT_S, PROGRESS_TIMEOUT_S, Partitions,
+    TrainerWatch,
     exit_when_clients_are_gone, fail_fast, load_item_sets,
     refuse_node_types, samplers_die_with_trainer, unlink_job_memory,
 )
@@ -68,7 +69,6 @@ import torch
 DEFAULT_EXAMPLE = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     "node_classification.py")
-DATASET_INFO_FILE = "dataset_info.json"  # written by partition_graph.py
 # The example's options that mean nothing here, and why.
 NOT_HERE = {
     "gpu": "each trainer takes the GPU of its LOCAL_RANK",

@@ -222,22 +222,25 @@ def server_processes(machines, per_machine, server_port, common_env):
     return processes
 
 
+def client_env(common_env, omp_threads, **more):
+    """A trainer's environment, as DGL's tools/launch.py exports it to its
+    clients; gloo must use the machine's own link, not loopback."""
+    return dict(common_env, DGL_DIST_MODE="distributed", DGL_ROLE="client",
+                DGL_GROUP_ID="0", OMP_NUM_THREADS=str(omp_threads),
+                GLOO_SOCKET_IFNAME=MACHINE_IFNAME, **more)
+
+
 def trainer_processes(machines, per_machine, master_port, omp_threads, common_env):
     processes = []
     for machine in machines:
         for t in range(per_machine):
             rank = machine["id"] * per_machine + t
-            env = dict(
-                common_env,
-                DGL_DIST_MODE="distributed", DGL_ROLE="client", DGL_GROUP_ID="0",
-                OMP_NUM_THREADS=str(omp_threads),
-                # torch.distributed rendezvous, as torchrun would set it.
+            # torch.distributed rendezvous, as torchrun would set it.
+            env = client_env(
+                common_env, omp_threads,
                 MASTER_ADDR=machines[0]["ip"], MASTER_PORT=str(master_port),
                 RANK=str(rank), WORLD_SIZE=str(len(machines) * per_machine),
-                LOCAL_RANK=str(t), LOCAL_WORLD_SIZE=str(per_machine),
-                # gloo must use the machine's own link, not loopback.
-                GLOO_SOCKET_IFNAME=MACHINE_IFNAME,
-            )
+                LOCAL_RANK=str(t), LOCAL_WORLD_SIZE=str(per_machine))
             processes.append({"name": f"machine {machine['id']} trainer {t} (rank {rank})",
                               "machine": machine, "role": "trainer", "rank": rank, "env": env})
     return processes
@@ -251,9 +254,7 @@ def torchrun_processes(machines, per_machine, master_port, omp_threads,
     leaves a directory of them when a worker fails) go to `work_dir`."""
     processes = []
     for machine in machines:
-        env = dict(common_env, DGL_DIST_MODE="distributed", DGL_ROLE="client",
-                   DGL_GROUP_ID="0", OMP_NUM_THREADS=str(omp_threads),
-                   GLOO_SOCKET_IFNAME=MACHINE_IFNAME)
+        env = client_env(common_env, omp_threads)
         prefix = ["-m", "torch.distributed.run",
                   f"--nproc_per_node={per_machine}",
                   f"--nnodes={len(machines)}", f"--node_rank={machine['id']}",

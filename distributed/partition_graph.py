@@ -36,6 +36,7 @@ main
 ├── partition                     dgl.distributed.partition_graph (HIGHLIGHT)
 ├── add_features                  each partition's rows of the features
 └── write_dataset_info            dataset_info.json beside the partition config
+                                  (gbrun.distributed)
 
 The features are not in memory while the graph is partitioned: at products
 size (2.4M nodes, 60M edges, 100 features) that lowered the peak from
@@ -55,12 +56,10 @@ import gbrun.distributed
 # dgl, numpy and torch are imported where they are used: a bad argument is
 # refused before they load (seconds).
 
-DATASET_INFO_FILE = "dataset_info.json"
 ORIG_NIDS_FILE = gbrun.distributed.ORIG_NIDS_FILE
 DEFAULT_EXAMPLE = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     "node_classification.py")
-SPLIT_MASKS = ("train_mask", "val_mask", "test_mask")
 
 
 def dataset_to_dgl_graph(dataset, item_sets, label_key):
@@ -82,7 +81,7 @@ def dataset_to_dgl_graph(dataset, item_sets, label_key):
     g.ndata[label_key] = torch.full((num_nodes, *labels.shape[1:]),
                                     -1 if labels.dim() == 1 else 0,
                                     dtype=labels.dtype)
-    for mask_name, item_set in zip(SPLIT_MASKS, item_sets):
+    for mask_name, item_set in zip(gbrun.distributed.SPLIT_MASKS, item_sets):
         seeds, labels = item_set[:]
         mask = torch.zeros(num_nodes, dtype=torch.bool)
         mask[seeds.long()] = True
@@ -155,16 +154,6 @@ def partition(g, graph_name, num_parts, out_dir, options):
         return_mapping=True,
     )
     return os.path.join(out_dir, graph_name + ".json"), orig_nids
-
-
-def write_dataset_info(out_dir, info):
-    """Record what the partition config does not: `info`, the features and
-    labels the example reads, the number of classes and of training
-    nodes."""
-    path = os.path.join(out_dir, DATASET_INFO_FILE)
-    with open(path, "w") as f:
-        json.dump(info, f, indent=2)
-    return path
 
 
 def parse_args(argv=None):
@@ -245,16 +234,11 @@ def main(argv=None):
     graph_name = args.graph_name or os.path.basename(
         os.path.normpath(args.dataset)
     )
-    info = {
-        "graph_name": graph_name,
-        "num_classes": int(dataset.tasks[0].metadata["num_classes"]),
-        "features": {key: dataset.feature.size(*gbrun.datasets.node_key(key))[0]
-                     for key in example.FEATURE_KEYS},
-        "label_key": example.LABEL_KEY,
-        "labels": example.LABELS,
-        "num_train": len(item_sets[0]),
-        "use_graphbolt": args.use_graphbolt,
-    }
+    info = gbrun.distributed.dataset_info(
+        graph_name, dataset.tasks[0].metadata["num_classes"],
+        {key: dataset.feature.size(*gbrun.datasets.node_key(key))[0]
+         for key in example.FEATURE_KEYS},
+        example, len(item_sets[0]), args.use_graphbolt)
     print(
         f"Graph {graph_name}: {g.num_nodes()} nodes, {g.num_edges()} edges, "
         f"{info['num_train']} train / {len(item_sets[1])} val / "
@@ -288,7 +272,7 @@ def main(argv=None):
 
     torch.save(orig_nids, os.path.join(args.out, ORIG_NIDS_FILE))
     gbrun.distributed.save_item_sets(args.out, splits, orig_nids)
-    info_path = write_dataset_info(args.out, info)
+    info_path = gbrun.distributed.write_dataset_info(args.out, info)
     with open(part_config) as f:
         config = json.load(f)
     for part_id in range(args.num_parts):

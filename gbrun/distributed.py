@@ -14,6 +14,7 @@ trainer (die_with_trainer), and a trainer fails when the job cannot go on
 (TrainerWatch).
 """
 import ctypes
+import json
 import multiprocessing.util
 import os
 import re
@@ -43,7 +44,7 @@ FIRST_CLIENT_TIMEOUT_S = 30 * 60
 PROGRESS_TIMEOUT_S = 45
 # When this trainer last made progress (time.monotonic()): a batch handed
 # out, or a chunk of the predictions read back.
-LAST_BATCH = [None]
+LAST_PROGRESS = [None]
 # Rows of every node's predictions read back from the servers at a time.
 READ_ROWS = 1 << 20
 ESTABLISHED, LISTEN = "01", "0A"  # TCP states as /proc/net/tcp shows them
@@ -54,6 +55,10 @@ ESTABLISHED, LISTEN = "01", "0A"  # TCP states as /proc/net/tcp shows them
 ITEM_SETS_FILE = "item_sets.pt"
 # orig_nids[i] is the dataset id of node i in the partitioned graph.
 ORIG_NIDS_FILE = "orig_nids.pt"
+# What the partition config does not record, beside it (dataset_info).
+DATASET_INFO_FILE = "dataset_info.json"
+# Node data of the partitions: a mask per split, as node_split takes them.
+SPLIT_MASKS = ("train_mask", "val_mask", "test_mask")
 SPLITS = ("train_set", "validation_set", "test_set")
 
 
@@ -67,6 +72,31 @@ def refuse_node_types(example):
             f"{example.__file__}: FEATURE_KEYS per node type (a graph of "
             "several node types) trains on one machine only; DGL's "
             "distributed engine does not train it here yet")
+
+
+def dataset_info(graph_name, num_classes, features, example, num_train,
+                 use_graphbolt=False):
+    """What the trainer reads beside the partition config and the config
+    does not record: the example's feature widths (`features`, {key:
+    width}), label key and kind, the number of classes and of training
+    nodes."""
+    return {
+        "graph_name": graph_name,
+        "num_classes": int(num_classes),
+        "features": {key: int(width) for key, width in features.items()},
+        "label_key": example.LABEL_KEY,
+        "labels": example.LABELS,
+        "num_train": int(num_train),
+        "use_graphbolt": use_graphbolt,
+    }
+
+
+def write_dataset_info(directory, info):
+    """dataset_info.json in `directory`; returns its path."""
+    path = os.path.join(directory, DATASET_INFO_FILE)
+    with open(path, "w") as f:
+        json.dump(info, f, indent=2)
+    return path
 
 
 def save_item_sets(out_dir, splits, orig_nids):
@@ -207,7 +237,7 @@ class DistOutputs:
         for start in range(0, self.num_nodes, READ_ROWS):
             end = min(start + READ_ROWS, self.num_nodes)
             chunks.append(self.previous[torch.arange(start, end)])
-            LAST_BATCH[0] = time.monotonic()  # progress, for TrainerWatch
+            LAST_PROGRESS[0] = time.monotonic()  # progress, for TrainerWatch
         return torch.cat(chunks)
 
     def dataset_ids(self):
@@ -301,7 +331,7 @@ class DistLoader:
                 if index == self.fail_after:
                     raise RuntimeError(
                         f"--fail-after-batches {index} on rank {rank}")
-                LAST_BATCH[0] = time.monotonic()  # for TrainerWatch
+                LAST_PROGRESS[0] = time.monotonic()  # for TrainerWatch
                 handed_out.append(seeds)
                 yield self.batch(input_nodes, seeds, blocks)
 
@@ -427,6 +457,7 @@ class TrainerWatch:
         self.progress_timeout = progress_timeout
         self.graph_name, self.poll_s = graph_name, poll_s
         self.samplers = None  # set once initialize has returned
+        self.serving_since = None
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True,
                                        name="trainer-watch")
@@ -472,7 +503,7 @@ class TrainerWatch:
             dead = [pid for pid in self.samplers if not alive(pid)]
             if dead:
                 self.fail(f"its sampler process {dead[0]} died")
-            last = max(self.serving_since, LAST_BATCH[0] or 0)
+            last = max(self.serving_since, LAST_PROGRESS[0] or 0)
             if time.monotonic() - last > self.progress_timeout:
                 self.fail(f"no batch for {self.progress_timeout:g} s "
                           f"(--progress-timeout), at {main_thread_at()}")
