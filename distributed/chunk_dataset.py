@@ -238,6 +238,11 @@ def write(args):
             raise gbrun.cli.UsageError(
                 f"--dataset {args.dataset}: no node feature '{key}' of one "
                 f"row per node ({num_nodes})")
+    if args.num_chunks > min(num_nodes, edges.shape[1]):
+        raise gbrun.cli.UsageError(
+            f"--num-chunks {args.num_chunks}: more than the graph's "
+            f"{num_nodes} nodes or {edges.shape[1]} edges (a chunk would be "
+            "empty)")
     splits, num_classes = checked_splits(
         args.dataset, metadata, example.LABEL_KEY, example.LABELS)
     node_sizes = chunk_sizes(num_nodes, args.num_chunks)

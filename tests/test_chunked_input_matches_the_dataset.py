@@ -157,6 +157,9 @@ def test_what_it_cannot_chunk_is_refused_in_one_line(small_dataset, tmp_path,
     assert "--num-chunks" in refusal(
         "write", "--dataset", small_dataset, "--out", str(tmp_path / "c"),
         "--num-chunks", "0")
+    assert "--num-chunks 3001: more than the graph's 3000 nodes" in refusal(
+        "write", "--dataset", small_dataset, "--out", str(tmp_path / "c"),
+        "--num-chunks", "3001")
     # Edges in a format it cannot map.
     import shutil
 
