@@ -348,7 +348,6 @@ def launch_ranks(run, load_job, args, gpus, num_workers, plan=None):
             run_rank(plan.rank_offset, run, plan, args, None)
             return
         job = load_job(args, plan)
-        check_job(job, args)
         check_shared_memory(job.dataset)
     except UsageError as error:
         # Under torchrun every rank finds the same bad input: rank 0 says so.
@@ -519,16 +518,6 @@ def wait_for_every_rank(rank, plan):
         timer.cancel()
 
 
-def check_job(job, args):
-    """What gbrun does not do yet for the job load_job made, refused in one
-    line before a rank trains: --predict on a graph of several node types
-    (FEATURE_KEYS per node type: job.in_size a width per type)."""
-    if isinstance(job.in_size, dict) and getattr(args, "predict", None):
-        raise UsageError(
-            "--predict: not yet for a graph of several node types (FEATURE_KEYS "
-            "per node type); predict with the saved model.pt instead")
-
-
 def load_job_in_turn(rank, plan, load_job, args):
     """Under torchrun there is no parent to load the dataset once. Rank 0
     goes first (it may download or preprocess into the dataset directory),
@@ -541,7 +530,6 @@ def load_job_in_turn(rank, plan, load_job, args):
     if rank == 0:
         try:
             job = load_job(args, plan)
-            check_job(job, args)
             if plan.local_world_size > 1:
                 check_shared_memory(job.dataset)
         except UsageError as error:

@@ -47,19 +47,35 @@ class EveryNode:
     layer over them (`batches`), the previous layer's outputs of a batch's
     input nodes (`inputs`), this rank's outputs (`add`), the exchange after
     each layer (`exchange`) and the file (`save`). Make it on every rank;
-    every method but `save` and `inputs` is called on every rank."""
+    every method but `save` and `inputs` is called on every rank.
+
+    A graph of several node types: the outputs and inputs are {node type:
+    tensor} (ids within each type), a layer's outputs are exchanged per
+    type, and the last layer must output one node type (the file's)."""
 
     def __init__(self, job, graph, progress):
         self.rank, self.device = progress.rank, progress.device
         self.seed, self.upcast = progress.start.seed, progress.upcast
         if hasattr(job.dataset, "every_node"):
             # DGL's distributed engine: the partitions' share and storage.
-            self.shared = job.dataset.every_node()
+            shared = job.dataset.every_node()
+            self.item_set, self.types = shared.item_set, {None: shared}
         else:
-            self.shared = LocalOutputs(job.dataset, graph, self.device)
-        self.item_set = self.shared.item_set
-        self.rows = []  # this rank's (seed ids, outputs) of the current layer
-        self.checked = False  # every node once (the first layer shows it)
+            # The dataset's own item set of every node (its names and dtype
+            # are the release's and the graph's; per node type for several).
+            self.item_set = job.dataset.all_nodes_set
+            counts = graph.num_nodes
+            if isinstance(counts, dict):
+                self.item_set = of_ids(self.item_set, counts,
+                                       graph.indices.dtype)
+            else:
+                counts = {None: counts}
+            self.types = {ntype: LocalOutputs(count, self.device)
+                          for ntype, count in counts.items()}
+        # This rank's (seed ids, outputs) of the current layer, per type
+        # (None: a graph of one node type).
+        self.rows = {}
+        self.checked = set()  # every node once (a type's first layer shows it)
 
     def batches(self, dataloader, layer_idx):
         """`dataloader`'s pass over this rank's nodes for layer `layer_idx`,
@@ -70,57 +86,102 @@ class EveryNode:
 
     def inputs(self, data):
         """The previous layer's outputs of `data`'s input nodes."""
-        if self.shared.previous is None:
+        if all(shared.previous is None for shared in self.types.values()):
             raise RuntimeError(
                 "every_node.inputs(data) before a layer was exchanged: "
                 "the first layer reads the node features (node_features)")
-        return self.shared.read(data.input_nodes).to(self.device)
+        nodes = data.input_nodes
+        if not isinstance(nodes, dict):
+            return self.types[None].read(nodes).to(self.device)
+        # The types the previous layer computed (the model's next layer
+        # reads no other).
+        return {ntype: self.types[ntype].read(ids).to(self.device)
+                for ntype, ids in nodes.items()
+                if self.types[ntype].previous is not None}
 
     def add(self, data, outputs):
-        """This rank's outputs of `data`'s seed nodes for the current layer."""
-        self.rows.append((seed_ids(data).cpu(), outputs.detach().float().cpu()))
+        """This rank's outputs of `data`'s seed nodes for the current layer
+        (a tensor, or {node type: tensor} for several node types)."""
+        seeds = seed_ids(data)
+        if not isinstance(outputs, dict):
+            seeds, outputs = {None: seeds}, {None: outputs}
+        for ntype, values in outputs.items():
+            # A batch without seeds of a type the model outputs has none.
+            ids = seeds.get(ntype, torch.zeros(0, dtype=torch.int64))
+            if len(ids) != len(values):
+                raise RuntimeError(
+                    f"--predict: {len(values)} outputs for {len(ids)} seed "
+                    f"nodes{of_type(ntype)}: the model's outputs must be its "
+                    "seed nodes' (one row each)")
+            self.rows.setdefault(ntype, []).append(
+                (ids.cpu(), values.detach().float().cpu()))
 
     def exchange(self):
         """Every rank, after a layer: the layer's outputs of every node
         become the next layer's inputs."""
-        ids = torch.cat([i for i, _ in self.rows]) if self.rows else (
-            torch.zeros(0, dtype=torch.int64))
-        # A rank without nodes learns the width from the others (on the
-        # rank's device: NCCL reduces GPU tensors only).
-        width = torch.tensor(self.rows[0][1].shape[1] if self.rows else 0,
-                             device=self.device)
-        dist.all_reduce(width, op=dist.ReduceOp.MAX)
-        width = int(width)
-        values = torch.cat([v for _, v in self.rows]) if self.rows else (
-            torch.zeros(0, width))
-        self.rows = []
-        if not self.checked:
-            self.check_once(ids)
-        self.shared.exchange(ids, values, width)
+        # The types and widths of the layer's outputs: a rank without nodes
+        # (or without a type's) learns them from the others.
+        widths = [None] * dist.get_world_size()
+        dist.all_gather_object(widths, {
+            ntype: rows[0][1].shape[1] for ntype, rows in self.rows.items()})
+        computed = {}
+        for rank_widths in widths:
+            for ntype, width in rank_widths.items():
+                computed[ntype] = max(computed.get(ntype, 0), width)
+        unknown = [str(ntype) for ntype in computed if ntype not in self.types]
+        if unknown:
+            raise RuntimeError(
+                f"--predict: outputs for node types {', '.join(unknown)}, but "
+                f"the graph's are {', '.join(map(str, self.types))}")
+        for ntype, shared in self.types.items():
+            if ntype not in computed:
+                shared.previous = None  # not an input of the next layer
+                continue
+            rows, width = self.rows.get(ntype, []), computed[ntype]
+            ids = torch.cat([i for i, _ in rows]) if rows else (
+                torch.zeros(0, dtype=torch.int64))
+            values = torch.cat([v for _, v in rows]) if rows else (
+                torch.zeros(0, width))
+            if ntype not in self.checked:
+                self.check_once(ntype, ids)
+            shared.exchange(ids, values, width)
+        self.rows = {}
 
-    def check_once(self, ids):
-        """Refuses, after the first layer, shares that do not cover every
-        node exactly once across the ranks (the exchange would sum a node
-        written twice, and leave one written by nobody at zero)."""
-        times = torch.bincount(ids, minlength=self.shared.num_nodes)
+    def check_once(self, ntype, ids):
+        """Refuses, after a type's first layer, shares that do not cover
+        every node exactly once across the ranks (the exchange would sum a
+        node written twice, and leave one written by nobody at zero)."""
+        num_nodes = self.types[ntype].num_nodes
+        times = torch.bincount(ids, minlength=num_nodes)
         times = times.clamp(max=2).to(torch.uint8).to(self.device)
         dist.all_reduce(times)
         missing = int((times == 0).sum())
         repeated = int((times > 1).sum())
         if missing or repeated:
             raise RuntimeError(
-                f"--predict: of {self.shared.num_nodes} nodes, the ranks "
+                f"--predict: of {num_nodes} nodes{of_type(ntype)}, the ranks "
                 f"predicted {missing} none and {repeated} more than once: "
                 "the all-nodes loader must hand every rank its own share "
                 "(create_dataloader's DistributedItemSampler, is_train "
                 "False)")
-        self.checked = True
+        self.checked.add(ntype)
+
+    def last_layer(self):
+        """The outputs of the last layer exchanged: one node type's."""
+        computed = [ntype for ntype, shared in self.types.items()
+                    if shared.previous is not None]
+        if len(computed) != 1:
+            raise RuntimeError(
+                "--predict writes one node type's predictions, but the "
+                "model's last layer output node types "
+                f"{', '.join(map(str, computed)) or '(none)'}")
+        return self.types[computed[0]]
 
     @property
     def outputs(self):
         """The last layer's outputs of every node, on rank 0 (an empty
         tensor elsewhere: rank 0 writes the file)."""
-        return self.shared.outputs(self.rank == 0)
+        return self.last_layer().outputs(self.rank == 0)
 
     def save(self, predictions, path, labels):
         """On rank 0: `predictions` (a row per node, in the graph's node ids)
@@ -128,11 +189,12 @@ class EveryNode:
         against `labels` (the example's LABELS). A no-op elsewhere."""
         if self.rank != 0:
             return
+        shared = self.last_layer()
         what, fits = KINDS[labels]
-        if not fits(predictions) or len(predictions) != self.shared.num_nodes:
+        if not fits(predictions) or len(predictions) != shared.num_nodes:
             raise RuntimeError(
                 f"--predict: LABELS is '{labels}', so the predictions are "
-                f"{what} ({self.shared.num_nodes} nodes); to_prediction() "
+                f"{what} ({shared.num_nodes} nodes); to_prediction() "
                 f"returned a {predictions.dtype} tensor of shape "
                 f"{tuple(predictions.shape)}")
         predictions = predictions.cpu()
@@ -141,7 +203,7 @@ class EveryNode:
         else:
             predictions = predictions.long()
         ordered = torch.empty_like(predictions)
-        ordered[self.shared.dataset_ids()] = predictions
+        ordered[shared.dataset_ids()] = predictions
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         # Written whole or not at all.
         save_atomically(ordered.numpy(), path,
@@ -150,16 +212,30 @@ class EveryNode:
               flush=True)
 
 
-class LocalOutputs:
-    """A layer's outputs of every node on one machine: an (N, width) tensor
-    on every rank, each node's row written by the one rank that computed
-    it and summed over the ranks (exact: the others add zeros)."""
+def of_ids(item_set, counts, dtype):
+    """An ItemSetDict of every node of each type, as tensors of ids: dgl
+    2.1's DistributedItemSampler cannot index one of counts (the dataset's
+    all_nodes_set), and then hands every rank all of it, silently."""
+    from .graphbolt import gb
 
-    def __init__(self, dataset, graph, device):
-        self.num_nodes, self.device = graph.total_num_nodes, device
-        # The dataset's own item set of every node (its names and dtype are
-        # the release's and the graph's).
-        self.item_set = dataset.all_nodes_set
+    return gb.ItemSetDict({
+        ntype: gb.ItemSet(torch.arange(count, dtype=dtype),
+                          names=item_set.names)
+        for ntype, count in counts.items()})
+
+
+def of_type(ntype):
+    return "" if ntype is None else f" of type '{ntype}'"
+
+
+class LocalOutputs:
+    """A layer's outputs of every node (of one type) on one machine: an
+    (N, width) tensor on every rank, each node's row written by the one rank
+    that computed it and summed over the ranks (exact: the others add
+    zeros)."""
+
+    def __init__(self, num_nodes, device):
+        self.num_nodes, self.device = num_nodes, device
         self.previous = None
 
     def read(self, nodes):
@@ -181,6 +257,6 @@ class LocalOutputs:
         return self.previous if here else self.previous[:0]
 
     def dataset_ids(self):
-        """Row i of the outputs is node i of the dataset."""
+        """Row i of the outputs is node i of the dataset (of its type: a
+        graph of several types numbers each type's nodes from 0)."""
         return torch.arange(self.num_nodes)
-

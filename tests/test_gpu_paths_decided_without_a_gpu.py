@@ -157,7 +157,7 @@ def _slow_first_load(rank, out_dir):
     try:
         def load_job(args, world_size):
             time.sleep(3)
-            return types.SimpleNamespace(dataset=None, in_size=4,
+            return types.SimpleNamespace(dataset=None,
                                          feature=torch.arange(4.0))
 
         # A job without a dataset, whose /dev/shm needs could be checked.

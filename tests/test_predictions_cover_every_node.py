@@ -73,25 +73,43 @@ def test_two_ranks_and_a_one_rank_resume_predict_the_same_file(
 
 
 def _predict_shares(rank, cases, num_nodes):
-    """In a gloo group: for each case (a list of each rank's node ids),
-    rank `rank` adds outputs for its ids and exchanges; returns, per case,
-    the outputs of every node, or the error's text."""
+    """In a gloo group: for each case (each rank's node ids, or per node
+    type {type: each rank's ids}), rank `rank` adds outputs for its ids and
+    exchanges; returns, per case, the outputs of every node (per type for
+    several), or the error's text."""
     from gbrun import predicting
 
-    job = SimpleNamespace(dataset=SimpleNamespace(all_nodes_set=None))
-    graph = SimpleNamespace(total_num_nodes=num_nodes)
+    job = SimpleNamespace(dataset=SimpleNamespace(
+        all_nodes_set=SimpleNamespace(names="seed_nodes")))
     progress = SimpleNamespace(rank=rank, device=torch.device("cpu"),
                                start=SimpleNamespace(seed=None), upcast=False)
+
+    def outputs(ids):
+        return (ids.float() + 1).unsqueeze(1).repeat(1, 2)
+
     results = []
     for shares in cases:
-        every_node = predicting.EveryNode(job, graph, progress)
-        ids = torch.tensor(shares[rank], dtype=torch.int64)
-        if len(ids):
-            every_node.add(SimpleNamespace(seed_nodes=ids),
-                           (ids.float() + 1).unsqueeze(1).repeat(1, 2))
+        several = isinstance(shares, dict)
+        counts = {ntype: num_nodes for ntype in shares} if several else (
+            num_nodes)
+        every_node = predicting.EveryNode(job, SimpleNamespace(
+            num_nodes=counts, indices=torch.zeros(0, dtype=torch.int64)),
+            progress)
+        if several:
+            ids = {ntype: torch.tensor(share[rank], dtype=torch.int64)
+                   for ntype, share in shares.items() if share[rank]}
+            if ids:
+                every_node.add(SimpleNamespace(seed_nodes=ids),
+                               {ntype: outputs(i) for ntype, i in ids.items()})
+        else:
+            ids = torch.tensor(shares[rank], dtype=torch.int64)
+            if len(ids):
+                every_node.add(SimpleNamespace(seed_nodes=ids), outputs(ids))
         try:
             every_node.exchange()
-            results.append(every_node.shared.previous)
+            results.append({ntype: shared.previous for ntype, shared
+                            in every_node.types.items()} if several else
+                           every_node.types[None].previous)
         except RuntimeError as error:
             results.append(str(error))
     return results
@@ -103,15 +121,31 @@ def test_every_node_is_predicted_once_across_ranks(tmp_path):
 
     # Three ranks, one with no nodes: every rank has every node's outputs,
     # each row from the rank that computed it. Then a node of two ranks'
-    # shares, and one of none: refused on every rank.
+    # shares, and one of none: refused on every rank. Then two node types:
+    # each exchanged on its own, "item" computed by rank 2 alone (ranks 0
+    # and 1 learn its width from it); a type no rank computed has no
+    # outputs (it is no input of the next layer).
     results = run_gloo_group(_predict_shares, 3, tmp_path, [
-        [[0, 1, 2], [], [3, 4]], [[0, 1, 2], [2, 3], []]], 5)
+        [[0, 1, 2], [], [3, 4]], [[0, 1, 2], [2, 3], []],
+        {"user": [[0, 4], [1, 2, 3], []], "item": [[], [], [0, 1, 2, 3, 4]],
+         "shop": [[], [], []]},
+        {"user": [[0, 1], [2, 3], []]}], 5)
     expected = (torch.arange(5).float() + 1).unsqueeze(1).repeat(1, 2)
-    assert all(torch.equal(ok, expected) for ok, _ in results)
-    assert [bad for _, bad in results] == [
+    assert all(torch.equal(ok, expected) for ok, *_ in results)
+    assert [bad for _, bad, *_ in results] == [
         "--predict: of 5 nodes, the ranks predicted 1 none and 1 more than "
         "once: the all-nodes loader must hand every rank its own share "
         "(create_dataloader's DistributedItemSampler, is_train False)"] * 3
+    for _, _, types, _ in results:
+        assert types.keys() == {"user", "item", "shop"}
+        assert torch.equal(types["user"], expected)
+        assert torch.equal(types["item"], expected)
+        assert types["shop"] is None
+    assert [missing for *_, missing in results] == [
+        "--predict: of 5 nodes of type 'user', the ranks predicted 1 none "
+        "and 0 more than once: the all-nodes loader must hand every rank "
+        "its own share (create_dataloader's DistributedItemSampler, "
+        "is_train False)"] * 3
 
 
 def test_predictions_of_another_kind_than_labels_are_refused(tmp_path):
@@ -119,8 +153,11 @@ def test_predictions_of_another_kind_than_labels_are_refused(tmp_path):
 
     every_node = predicting.EveryNode.__new__(predicting.EveryNode)
     every_node.rank = 0
-    every_node.shared = SimpleNamespace(num_nodes=3,
-                                        dataset_ids=lambda: torch.arange(3))
+    shared = SimpleNamespace(num_nodes=3, previous=torch.zeros(3, 4),
+                             dataset_ids=lambda: torch.arange(3))
+    # The last layer output one type of two: its predictions are the file's.
+    every_node.types = {"user": shared,
+                        "item": SimpleNamespace(num_nodes=5, previous=None)}
     with pytest.raises(RuntimeError, match=(
             r"LABELS is 'class', so the predictions are int64 class ids, "
             r"one per node \(3 nodes\); to_prediction\(\) returned a "
@@ -130,6 +167,13 @@ def test_predictions_of_another_kind_than_labels_are_refused(tmp_path):
         every_node.save(torch.zeros(3, dtype=torch.int64),
                         str(tmp_path / "p.npy"), "multi-hot")
     # Written in the dataset's ids: row dataset_ids()[i] is prediction i.
-    every_node.shared.dataset_ids = lambda: torch.tensor([2, 0, 1])
+    shared.dataset_ids = lambda: torch.tensor([2, 0, 1])
     every_node.save(torch.tensor([7, 8, 9]), str(tmp_path / "p.npy"), "class")
     assert np.load(tmp_path / "p.npy").tolist() == [8, 9, 7]
+    # A last layer that output two node types is not one file.
+    every_node.types["item"].previous = torch.zeros(5, 4)
+    with pytest.raises(RuntimeError, match=(
+            "--predict writes one node type's predictions, but the model's "
+            "last layer output node types user, item")):
+        every_node.save(torch.tensor([7, 8, 9]), str(tmp_path / "p.npy"),
+                        "class")
