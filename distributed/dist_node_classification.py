@@ -60,7 +60,7 @@ from gbrun.distributed import (
     DATASET_INFO_FILE, FIRST_CLIENT_TIMEOUT_S, PROGRESS_TIMEOUT_S, Partitions,
     TrainerWatch,
     exit_when_clients_are_gone, fail_fast, load_item_sets,
-    refuse_node_types, samplers_die_with_trainer, unlink_job_memory,
+    samplers_die_with_trainer, unlink_job_memory,
 )
 
 import dgl
@@ -113,9 +113,26 @@ def plan_job(args, example, plan, env=os.environ):
         "dataset info (written by partition_graph.py)")
     check_keys(info, example)
     check_loader(example)
-    in_size = sum(info["features"][key] for key in example.FEATURE_KEYS)
+    data = Partitions(
+        config["graph_name"], args.part_config,
+        torch.bfloat16 if args.precision == "bf16" else None,
+        [] if args.dump_seeds else None,
+        args.fail_after_batches if args.hang_after_batches is None
+        else args.hang_after_batches, args.fail_rank,
+        hang=args.hang_after_batches is not None,
+        node_types={key: info[key] for key in ("target", "edge_types")
+                    if key in info})
     num_classes = int(info["num_classes"])
-    model = example.create_model(in_size, num_classes)
+    if "target" in info:
+        # Several node types: a width per type, and the model takes the
+        # edge types (docs/customising.md's edit).
+        in_size = {ntype: sum(info["features"][ntype][key] for key in keys)
+                   for ntype, keys in example.FEATURE_KEYS.items()}
+        model = example.create_model(in_size, num_classes,
+                                     datasets.edge_types(data))
+    else:
+        in_size = sum(info["features"][key] for key in example.FEATURE_KEYS)
+        model = example.create_model(in_size, num_classes)
     fanout = cli.check_fanout(args.fanout, len(model.layers))
     key = example.resume_key(model, *example.create_optimizer(model, args),
                              args, fanout)
@@ -126,13 +143,6 @@ def plan_job(args, example, plan, env=os.environ):
     start = checkpoint.start_or_resume(
         args, key, dataclasses.replace(plan, world_size=trainers),
         args.epochs)
-    data = Partitions(
-        config["graph_name"], args.part_config,
-        torch.bfloat16 if args.precision == "bf16" else None,
-        [] if args.dump_seeds else None,
-        args.fail_after_batches if args.hang_after_batches is None
-        else args.hang_after_batches, args.fail_rank,
-        hang=args.hang_after_batches is not None)
     # The item sets as on one machine, in the partitions' node ids (an edit
     # may read them: class weights from the training labels).
     item_sets = load_item_sets(os.path.dirname(args.part_config))
@@ -167,9 +177,23 @@ def check_loader(example):
 
 def check_keys(info, example):
     """The partitions hold what the example reads (partition_graph.py wrote
-    them with the same --example)."""
-    refuse_node_types(example)
-    missing = [k for k in example.FEATURE_KEYS if k not in info["features"]]
+    them with the same --example): the same features (per node type, for
+    a graph of several), labels and kind of label."""
+    several = "target" in info
+    if isinstance(example.FEATURE_KEYS, dict) != several:
+        raise cli.UsageError(
+            "the partitions hold a graph of "
+            f"{'several node types' if several else 'one node type'}, but "
+            f"the example's FEATURE_KEYS {example.FEATURE_KEYS} name "
+            f"{'none' if several else 'node types'}: partition again with "
+            "partition_graph.py --example and this example")
+    if isinstance(example.FEATURE_KEYS, dict):
+        missing = [(ntype, key) for ntype, keys in example.FEATURE_KEYS.items()
+                   for key in keys
+                   if key not in info["features"].get(ntype, {})]
+    else:
+        missing = [k for k in example.FEATURE_KEYS
+                   if k not in info["features"]]
     if missing or info["label_key"] != example.LABEL_KEY or (
             info["labels"] != example.LABELS):
         raise cli.UsageError(

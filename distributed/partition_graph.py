@@ -63,51 +63,83 @@ DEFAULT_EXAMPLE = os.path.join(
 
 
 def dataset_to_dgl_graph(dataset, item_sets, label_key):
-    """A homogeneous DGLGraph carrying what the trainer reads but the
-    features: the labels of the split nodes (the example's checked
-    `item_sets`) as node data `label_key`, and a mask per split."""
+    """A DGLGraph carrying what the trainer reads but the features: the
+    labels of the split nodes (the example's checked `item_sets`) as node
+    data `label_key`, and a mask per split; on a graph of several node
+    types (item sets {target type: ItemSet}), a heterograph with the labels
+    and masks on the target type."""
     import dgl
     import torch
 
-    graph = dataset.graph  # homogeneous: check_dataset refuses the others
+    graph = dataset.graph
     num_nodes = graph.total_num_nodes
     indptr = graph.csc_indptr.long()
     # CSC: indptr runs over destination nodes, indices are the source nodes.
     dst = torch.repeat_interleave(torch.arange(num_nodes), indptr.diff())
-    g = dgl.graph((graph.indices.long(), dst), num_nodes=num_nodes)
-    labels = item_sets[0][:][1]
+    src = graph.indices.long()
+    splits = [item_set[0:len(item_set)] for item_set in item_sets]
+    if graph.node_type_offset is None:
+        g, nodes = dgl.graph((src, dst), num_nodes=num_nodes), None
+    else:
+        g = dgl.heterograph(typed_edges(graph, src, dst),
+                            num_nodes_dict=graph.num_nodes)
+        [nodes] = splits[0]  # the target type, the only one with items
+        splits = [split[nodes] for split in splits]
+    data = g.nodes[nodes].data if nodes else g.ndata
+    count = g.num_nodes(nodes)
+    labels = splits[0][1]
     # Nodes outside every split keep label -1 (zeros when multi-hot): the
     # trainer never reads them.
-    g.ndata[label_key] = torch.full((num_nodes, *labels.shape[1:]),
-                                    -1 if labels.dim() == 1 else 0,
-                                    dtype=labels.dtype)
-    for mask_name, item_set in zip(gbrun.distributed.SPLIT_MASKS, item_sets):
-        seeds, labels = item_set[:]
-        mask = torch.zeros(num_nodes, dtype=torch.bool)
+    data[label_key] = torch.full((count, *labels.shape[1:]),
+                                 -1 if labels.dim() == 1 else 0,
+                                 dtype=labels.dtype)
+    for mask_name, (seeds, labels) in zip(gbrun.distributed.SPLIT_MASKS,
+                                          splits):
+        mask = torch.zeros(count, dtype=torch.bool)
         mask[seeds.long()] = True
-        g.ndata[mask_name] = mask
-        g.ndata[label_key][seeds.long()] = labels
+        data[mask_name] = mask
+        data[label_key][seeds.long()] = labels
     return g
 
 
+def typed_edges(graph, src, dst):
+    """{(source type, relation, destination type): (source ids, destination
+    ids)}, each id within its type, of a GraphBolt graph of several types
+    (`src`, `dst`: every edge's ends in the graph's own ids)."""
+    offsets = graph.node_type_offset.long()
+    type_id = graph.node_type_to_id
+    edges = {}
+    for etype, etype_id in graph.edge_type_to_id.items():
+        src_type, relation, dst_type = etype.split(":")
+        chosen = graph.type_per_edge == etype_id
+        edges[(src_type, relation, dst_type)] = (
+            src[chosen] - offsets[type_id[src_type]],
+            dst[chosen] - offsets[type_id[dst_type]])
+    return edges
+
+
 def set_features_aside(dataset, feature_keys, directory):
-    """Each feature the example reads, written to a .npy file in
-    `directory`: {key: path}. Once the dataset is released, the features
-    no longer take memory while the graph is partitioned."""
+    """Each feature the example reads (FEATURE_KEYS: names, or {node type:
+    names}), written to a .npy file in `directory`: {(node type or None,
+    name): path}. Once the dataset is released, the features no longer take
+    memory while the graph is partitioned."""
     import numpy as np
 
     paths = {}
-    for key in feature_keys:
-        paths[key] = os.path.join(directory, f"{len(paths)}.npy")
-        np.save(paths[key], dataset.feature.read(*gbrun.datasets.node_key(key)).numpy())
+    for key in gbrun.datasets.node_keys(feature_keys):
+        _, ntype, name = key
+        paths[(ntype, name)] = os.path.join(directory, f"{len(paths)}.npy")
+        np.save(paths[(ntype, name)], dataset.feature.read(*key).numpy())
     return paths
 
 
 def add_features(part_config, orig_nids, feature_paths):
     """Writes each partition's rows of the features into its node data, as
-    partition_graph would have: a partition's own nodes have the
-    partitioned ids start..end of the config's node_map. One feature is in
-    memory at a time, read whole (partitioning has freed its memory)."""
+    partition_graph would have: a partition's own nodes of a type are the
+    next (end - start) of that type's ids, for each range of the config's
+    node_map (one type, "_N": the partitioned ids start..end). One feature
+    is in memory at a time, read whole (partitioning has freed its
+    memory)."""
     import dgl
     import numpy as np
     import torch
@@ -117,13 +149,25 @@ def add_features(part_config, orig_nids, feature_paths):
     parts = [os.path.join(os.path.dirname(part_config),
                           config[f"part-{part_id}"]["node_feats"])
              for part_id in range(config["num_parts"])]
-    for key, path in feature_paths.items():
+    for (ntype, key), path in feature_paths.items():
         feature = torch.from_numpy(np.load(path))
-        for part, (start, end) in zip(parts, config["node_map"]["_N"]):
+        ids = orig_nids if ntype is None else orig_nids[ntype]
+        ntype = ntype or "_N"
+        first = 0
+        for part, (start, end) in zip(parts, config["node_map"][ntype]):
             node_data = dgl.data.utils.load_tensors(part)
-            node_data[f"_N/{key}"] = feature[orig_nids[start:end]]
+            node_data[f"{ntype}/{key}"] = feature[ids[first:first + end - start]]
             dgl.data.utils.save_tensors(part, node_data)
+            first += end - start
         del feature
+
+
+def train_mask(g):
+    """The train mask, {target type: mask} on a graph of several types."""
+    if len(g.ntypes) == 1:
+        return g.ndata["train_mask"]
+    return {ntype: g.nodes[ntype].data["train_mask"] for ntype in g.ntypes
+            if "train_mask" in g.nodes[ntype].data}
 
 
 def partition(g, graph_name, num_parts, out_dir, options):
@@ -146,7 +190,7 @@ def partition(g, graph_name, num_parts, out_dir, options):
         out_dir,
         num_hops=1,
         part_method=options["part_method"],
-        balance_ntypes=g.ndata["train_mask"] if options["balance_train"] else None,
+        balance_ntypes=train_mask(g) if options["balance_train"] else None,
         balance_edges=options["balance_edges"],
         use_graphbolt=options["use_graphbolt"],
         # Partitioning renumbers the nodes so each machine owns a contiguous
@@ -154,6 +198,30 @@ def partition(g, graph_name, num_parts, out_dir, options):
         return_mapping=True,
     )
     return os.path.join(out_dir, graph_name + ".json"), orig_nids
+
+
+def feature_widths(dataset, feature_keys):
+    """{name: width} of the features the example reads ({node type: {name:
+    width}} for FEATURE_KEYS per node type)."""
+    def width(name, ntype=None):
+        return dataset.feature.size(*gbrun.datasets.node_key(name, ntype))[0]
+
+    if isinstance(feature_keys, dict):
+        return {ntype: {name: width(name, ntype) for name in names}
+                for ntype, names in feature_keys.items()}
+    return {name: width(name) for name in feature_keys}
+
+
+def node_types(g, dataset):
+    """What dataset_info records of a graph of several node types: its
+    target type (the one with labels) and edge types, in the dataset's
+    order (the example's model is built in it); None for one."""
+    if len(g.ntypes) == 1:
+        return None
+    [target] = [ntype for ntype in g.ntypes
+                if "train_mask" in g.nodes[ntype].data]
+    return {"target": target, "edge_types": [
+        list(etype) for etype in gbrun.datasets.edge_types(dataset)]}
 
 
 def parse_args(argv=None):
@@ -223,7 +291,6 @@ def main(argv=None):
     try:
         example = gbrun.cli.load_example(
             args.example, ("FEATURE_KEYS", "LABEL_KEY", "LABELS"))
-        gbrun.distributed.refuse_node_types(example)
         dataset = gbrun.datasets.load_dataset(args.dataset, args.root)
         item_sets = gbrun.datasets.check_dataset(
             dataset, args.dataset, example.FEATURE_KEYS, example.LABEL_KEY,
@@ -236,9 +303,8 @@ def main(argv=None):
     )
     info = gbrun.distributed.dataset_info(
         graph_name, dataset.tasks[0].metadata["num_classes"],
-        {key: dataset.feature.size(*gbrun.datasets.node_key(key))[0]
-         for key in example.FEATURE_KEYS},
-        example, len(item_sets[0]), args.use_graphbolt)
+        feature_widths(dataset, example.FEATURE_KEYS), example,
+        len(item_sets[0]), args.use_graphbolt, node_types(g, dataset))
     print(
         f"Graph {graph_name}: {g.num_nodes()} nodes, {g.num_edges()} edges, "
         f"{info['num_train']} train / {len(item_sets[1])} val / "

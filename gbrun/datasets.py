@@ -29,7 +29,10 @@ def node_keys(feature_keys):
 
 def edge_types(dataset):
     """The (source type, relation, destination type) of each edge type of a
-    graph of several node types, as DGL's heterogeneous modules take them."""
+    graph of several node types, as DGL's heterogeneous modules take them
+    (on DGL's distributed engine, as the partitions recorded them)."""
+    if hasattr(dataset, "edge_types"):
+        return dataset.edge_types
     return [tuple(etype.split(":")) for etype in dataset.graph.edge_type_to_id]
 
 

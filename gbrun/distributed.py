@@ -64,30 +64,36 @@ SPLITS = ("train_set", "validation_set", "test_set")
 
 def refuse_node_types(example):
     """One line for a copy whose FEATURE_KEYS name node types (a graph of
-    several): DGL's distributed engine does not train it here yet."""
+    several), for chunk_dataset.py, which writes one node type."""
     from .cli import UsageError
 
     if isinstance(example.FEATURE_KEYS, dict):
         raise UsageError(
             f"{example.__file__}: FEATURE_KEYS per node type (a graph of "
-            "several node types) trains on one machine only; DGL's "
-            "distributed engine does not train it here yet")
+            "several node types): chunk_dataset.py writes graphs of one "
+            "node type; partition this one with partition_graph.py")
 
 
 def dataset_info(graph_name, num_classes, features, example, num_train,
-                 use_graphbolt=False):
+                 use_graphbolt=False, node_types=None):
     """What the trainer reads beside the partition config and the config
     does not record: the example's feature widths (`features`, {key:
-    width}), label key and kind, the number of classes and of training
-    nodes."""
+    width}, or {node type: {key: width}}), label key and kind, the number of
+    classes and of training nodes; for a graph of several node types
+    (`node_types`), its target type and edge types."""
+    def widths(features):
+        return {key: widths(width) if isinstance(width, dict) else int(width)
+                for key, width in features.items()}
+
     return {
         "graph_name": graph_name,
         "num_classes": int(num_classes),
-        "features": {key: int(width) for key, width in features.items()},
+        "features": widths(features),
         "label_key": example.LABEL_KEY,
         "labels": example.LABELS,
         "num_train": int(num_train),
         "use_graphbolt": use_graphbolt,
+        **(node_types or {}),
     }
 
 
@@ -101,18 +107,30 @@ def write_dataset_info(directory, info):
 
 def save_item_sets(out_dir, splits, orig_nids):
     """`splits`: (seed node ids, labels) of train, validation and test, in
-    dataset ids; saved with the seeds renumbered as the partitions number
-    them (`orig_nids[new id]` is a node's dataset id)."""
-    new_ids = torch.empty_like(orig_nids)
-    new_ids[orig_nids] = torch.arange(len(orig_nids), dtype=orig_nids.dtype)
-    torch.save({name: (new_ids[torch.as_tensor(seeds)], labels)
-                for name, (seeds, labels) in zip(SPLITS, splits)},
-               os.path.join(out_dir, ITEM_SETS_FILE))
+    dataset ids ({target type: (seeds, labels)} on a graph of several node
+    types, whose `orig_nids` are per type); saved with the seeds renumbered
+    as the partitions number them (`orig_nids[new id]` is a node's dataset
+    id)."""
+    def renumbered(seeds, orig_nids):
+        new_ids = torch.empty_like(orig_nids)
+        new_ids[orig_nids] = torch.arange(len(orig_nids), dtype=orig_nids.dtype)
+        return new_ids[torch.as_tensor(seeds)]
+
+    saved = {}
+    for name, split in zip(SPLITS, splits):
+        if isinstance(split, dict):
+            saved[name] = {ntype: (renumbered(seeds, orig_nids[ntype]), labels)
+                           for ntype, (seeds, labels) in split.items()}
+        else:
+            seeds, labels = split
+            saved[name] = (renumbered(seeds, orig_nids), labels)
+    torch.save(saved, os.path.join(out_dir, ITEM_SETS_FILE))
 
 
 def load_item_sets(part_dir):
     """The item sets save_item_sets wrote, as the example's Job holds them
-    on one machine: GraphBolt ItemSets of (seed_nodes, labels)."""
+    on one machine: GraphBolt ItemSets of (seed_nodes, labels), in an
+    ItemSetDict by node type on a graph of several."""
     from .cli import UsageError
     from .graphbolt import gb
 
@@ -122,8 +140,15 @@ def load_item_sets(part_dir):
             f"{part_dir} has no {ITEM_SETS_FILE}: partitions written by an "
             "older partition_graph.py; run it again")
     splits = torch.load(path, weights_only=True)
-    return tuple(gb.ItemSet(splits[name], names=("seed_nodes", "labels"))
-                 for name in SPLITS)
+
+    def item_set(items):
+        return gb.ItemSet(items, names=("seed_nodes", "labels"))
+
+    return tuple(
+        gb.ItemSetDict({ntype: item_set(items)
+                        for ntype, items in splits[name].items()})
+        if isinstance(splits[name], dict) else item_set(splits[name])
+        for name in SPLITS)
 
 
 def node_dataloader_class():
@@ -139,14 +164,20 @@ class Partitions:
     data source of the example's own run(), create_dataloader() and loop.
     `dtype`: the features' type in batches (bf16 under --precision bf16).
     `record`, `fail_after`, `hang`, `fail_rank`: the trainer's debugging
-    options (`hang`: the failure is a sleep for ever, not an exception)."""
+    options (`hang`: the failure is a sleep for ever, not an exception).
+    `node_types`: of a graph of several node types, dataset_info's "target"
+    (the type with labels and splits) and "edge_types"."""
 
     def __init__(self, graph_name, part_config, dtype=None, record=None,
-                 fail_after=None, fail_rank=0, hang=False):
+                 fail_after=None, fail_rank=0, hang=False, node_types=None):
         self.graph_name, self.part_config = graph_name, part_config
         self.dtype, self.record = dtype, record
         self.fail_after, self.fail_rank = fail_after, fail_rank
         self.hang = hang
+        self.target = (node_types or {}).get("target")
+        # What gbrun.datasets.edge_types reads for the example's model.
+        self.edge_types = [tuple(etype) for etype in
+                           (node_types or {}).get("edge_types", [])]
         self.g = None
 
     def place(self, device):
@@ -166,15 +197,30 @@ class Partitions:
         # would give a trainer another share.
         ########################################################################
         book = self.g.get_partition_book()
+        # On a graph of several node types: the target type's, by their ids
+        # within the type, as {target: ids} (the item sets' shape there).
+        data = self.g.nodes[self.target].data if self.target else self.g.ndata
         splits = tuple(
-            dgl.distributed.node_split(self.g.ndata[f"{name}_mask"], book,
-                                       rank=dist.get_rank(), force_even=True)
+            self.typed(dgl.distributed.node_split(
+                data[f"{name}_mask"], book, ntype=self.target or "_N",
+                rank=dist.get_rank(), force_even=True))
             for name in ("train", "val", "test"))
         return self, self.g, splits
 
+    def typed(self, nids):
+        return {self.target: nids} if self.target else nids
+
     def every_node(self):
-        """gbrun.predicting's outputs of every node on this engine."""
-        return DistOutputs(self.g, self.part_config)
+        """gbrun.predicting's share of every node on this engine and the
+        outputs' storage: (item set, {node type: DistOutputs}), the type
+        None for a graph of one."""
+        if not self.target:
+            shared = DistOutputs(self.g, self.part_config)
+            return shared.item_set, {None: shared}
+        types = {ntype: DistOutputs(self.g, self.part_config, ntype)
+                 for ntype in self.g.ntypes}
+        return {ntype: shared.item_set for ntype, shared in types.items()}, (
+            types)
 
     def dataloader(self, nids, is_train, batch_size, fanout, feature_keys,
                    label_key, device):
@@ -187,12 +233,12 @@ class Partitions:
 
         num_batches = None
         if is_train:
-            count = torch.tensor(len(nids) // batch_size)
+            count = torch.tensor(num_items(nids) // batch_size)
             dist.all_reduce(count, op=dist.ReduceOp.MIN)
             num_batches = int(count)
         loader = DistLoader(self.g, nids, fanout, batch_size, feature_keys,
                             label_key, device, num_batches, self.dtype,
-                            self.record)
+                            self.record, self.target)
         if is_train and dist.get_rank() == self.fail_rank:
             loader.fail_after, loader.hang = self.fail_after, self.hang
         return loader
@@ -206,25 +252,31 @@ class DistOutputs:
     a tensor with a collective that __del__ would run at any time), read
     back in the dataset's node ids through the partitioner's orig_nids."""
 
-    def __init__(self, g, part_config):
+    def __init__(self, g, part_config, ntype=None):
         import torch.distributed as dist
 
-        self.g, self.num_nodes = g, g.num_nodes()
+        self.g, self.ntype = g, ntype  # ntype: of a graph of several
+        self.num_nodes = g.num_nodes(ntype)
         self.part_dir = os.path.dirname(part_config)
         # node_split takes a mask: every node, once, shared evenly (DGL's
         # example passes np.arange(N), a mask that leaves out node 0).
         self.item_set = dgl.distributed.node_split(
             torch.ones(self.num_nodes, dtype=torch.bool),
-            g.get_partition_book(), rank=dist.get_rank(), force_even=True)
+            g.get_partition_book(), ntype=ntype or "_N", rank=dist.get_rank(),
+            force_even=True)
         self.previous, self.layers = None, 0
 
     def read(self, nodes):
         return self.previous[nodes]
 
     def exchange(self, ids, values, width):
+        name = f"gbrun_predict_layer{self.layers}"
         outputs = dgl.distributed.DistTensor(
             (self.num_nodes, width), torch.float32,
-            f"gbrun_predict_layer{self.layers}", persistent=True)
+            f"{name}_{self.ntype}" if self.ntype else name,
+            # A node type's tensor, indexed by its ids within the type.
+            part_policy=self.g.get_node_partition_policy(self.ntype)
+            if self.ntype else None, persistent=True)
         if len(ids):
             outputs[ids] = values
         self.g.barrier()  # every trainer's rows are on the servers
@@ -247,7 +299,27 @@ class DistOutputs:
         if not os.path.isfile(path):
             raise UsageError(f"{self.part_dir} has no {ORIG_NIDS_FILE}: "
                              "partition again with partition_graph.py")
-        return torch.load(path, weights_only=True)
+        orig_nids = torch.load(path, weights_only=True)
+        return orig_nids[self.ntype] if self.ntype else orig_nids
+
+
+def num_items(nids):
+    """How many nodes `nids` holds (ids, or {node type: ids})."""
+    if isinstance(nids, dict):
+        return sum(len(ids) for ids in nids.values())
+    return len(nids)
+
+
+def take(parts, start, end):
+    """Positions start..end of `parts` ([(node type or None, ids)]) put end
+    to end, in the same shape."""
+    taken, first = [], 0
+    for ntype, ids in parts:
+        chosen = ids[max(start - first, 0):max(end - first, 0)]
+        if len(chosen):
+            taken.append((ntype, chosen))
+        first += len(ids)
+    return taken
 
 
 class DistLoader:
@@ -260,11 +332,19 @@ class DistLoader:
     other trainer (GraphBolt's drop_last and drop_uneven_inputs); an
     evaluation loader hands out every node once. `record`: a list that
     gets (pass name, this pass's node order, the seeds of each batch
-    handed out), for --dump-seeds."""
+    handed out), for --dump-seeds. On a graph of several node types,
+    `nids` is {node type: ids within the type} (one type, the `target`
+    type with the labels, when training), and batches are in GraphBolt's
+    shape for such graphs: node features keyed (node type, name), seeds and
+    labels per type."""
 
     def __init__(self, g, nids, fanout, batch_size, feature_keys, label_key,
-                 device, num_batches=None, dtype=None, record=None):
-        self.g, self.nids, self.batch_size = g, nids, batch_size
+                 device, num_batches=None, dtype=None, record=None,
+                 target=None):
+        self.g, self.batch_size, self.target = g, batch_size, target
+        # The nodes as [(node type, ids)], the type None for one.
+        self.parts = list(nids.items()) if isinstance(nids, dict) else (
+            [(None, nids)])
         self.sampler = dgl.dataloading.NeighborSampler(fanout)
         self.feature_keys, self.label_key = feature_keys, label_key
         self.device, self.dtype = device, dtype
@@ -273,30 +353,40 @@ class DistLoader:
         self.fail_after, self.hang = None, False
 
     def order(self, seed, rank, epoch):
-        """The nodes of one pass in the order they are handed out."""
+        """The nodes of one pass in the order they are handed out, as
+        [(node type, ids)]. Training takes one type."""
         if self.num_batches is None:
-            return self.nids
+            return self.parts
+        [(ntype, nids)] = self.parts
         generator = torch.Generator()
         if seed is not None:
             generator.manual_seed(derived_seed(seed, rank, epoch))
         else:
             generator.seed()
-        shuffled = self.nids[torch.randperm(len(self.nids),
-                                            generator=generator)]
-        return shuffled[: self.num_batches * self.batch_size]
+        shuffled = nids[torch.randperm(len(nids), generator=generator)]
+        return [(ntype, shuffled[: self.num_batches * self.batch_size])]
 
     def batch(self, input_nodes, seeds, blocks):
         """A DistGraph mini-batch as the example reads a GraphBolt one."""
-        features = {}
-        for key in self.feature_keys:
-            values = self.g.ndata[key][input_nodes]
-            features[key] = values.to(self.dtype or values.dtype)
+        if isinstance(seeds, dict):
+            # Several node types: features per (type, name), labels of
+            # the target type's seeds.
+            data = lambda ntype: self.g.nodes[ntype].data  # noqa: E731
+            features = {(ntype, key): data(ntype)[key][input_nodes[ntype]]
+                        for ntype, keys in self.feature_keys.items()
+                        for key in keys if ntype in input_nodes}
+            labels = {ntype: data(ntype)[self.label_key][ids].to(self.device)
+                      for ntype, ids in seeds.items() if ntype == self.target}
+        else:
+            features = {key: self.g.ndata[key][input_nodes]
+                        for key in self.feature_keys}
+            labels = self.g.ndata[self.label_key][seeds].to(self.device)
         return SimpleNamespace(
             input_nodes=input_nodes, seed_nodes=seeds,
             blocks=[block.to(self.device) for block in blocks],
-            node_features={key: value.to(self.device)
-                           for key, value in features.items()},
-            labels=self.g.ndata[self.label_key][seeds].to(self.device),
+            node_features={key: value.to(self.dtype or value.dtype).to(
+                self.device) for key, value in features.items()},
+            labels=labels,
         )
 
     def source(self, batches):
@@ -310,15 +400,17 @@ class DistLoader:
         number)."""
         size, step, rank = self.batch_size, batches.step, batches.rank
         order = self.order(batches.seed, rank, batches.epoch or 0)
-        total = -(-len(order) // size)
+        total = -(-sum(len(ids) for _, ids in order) // size)
         if batches.limit is not None:
             total = min(total, batches.limit)
         handed_out = []
         if self.record is not None:
-            self.record.append((batches.name, order, handed_out))
-        nids = order[step * size: total * size]
-        if len(nids) == 0:
+            self.record.append((batches.name, dict(order).get(None, order),
+                                handed_out))
+        parts = take(order, step * size, total * size)
+        if not parts:
             return iter(()), total
+        nids = parts[0][1] if parts[0][0] is None else dict(parts)
         sampled = node_dataloader_class()(
             self.g, nids, self.sampler, batch_size=size, shuffle=False,
             drop_last=False)

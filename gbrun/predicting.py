@@ -58,8 +58,7 @@ class EveryNode:
         self.seed, self.upcast = progress.start.seed, progress.upcast
         if hasattr(job.dataset, "every_node"):
             # DGL's distributed engine: the partitions' share and storage.
-            shared = job.dataset.every_node()
-            self.item_set, self.types = shared.item_set, {None: shared}
+            self.item_set, self.types = job.dataset.every_node()
         else:
             # The dataset's own item set of every node (its names and dtype
             # are the release's and the graph's; per node type for several).

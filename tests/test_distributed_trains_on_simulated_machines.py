@@ -1249,3 +1249,93 @@ def test_node_regression_trains_on_two_machines(namespaces, dataset,
     # It learns: node_classification.py with these arguments reaches test
     # MAE 0.42-0.45 (seeds 0-2), where predicting the mean scores 0.97.
     assert mae < 0.65 * baseline, (mae, baseline)
+
+
+@pytest.mark.slow
+def test_several_node_types_train_and_predict_on_two_machines(
+        namespaces, hetero_dataset, tmp_path, capsys, monkeypatch):
+    """docs/customising.md's edit for several node types, on partitions of
+    the synthetic users and items, 2 machines x 2 trainers, bf16: it
+    learns, and --predict writes every user's class in the dataset's ids
+    (scoring the printed test accuracy)."""
+    import numpy as np
+
+    import gbrun.datasets
+    from test_customising_edits_train import HETERO_FLOOR
+
+    example = edited_copy(tmp_path, "hetero")
+    parts = run_script(os.path.join(DISTRIBUTED, "partition_graph.py"),
+                       ["--dataset", hetero_dataset, "--num-parts", 2,
+                        "--out", tmp_path / "parts", "--example", example,
+                        "--balance-train", "--balance-edges"])
+    assert parts.returncode == 0, parts.stdout + parts.stderr
+    part_config = str(tmp_path / "parts" / "hetero.json")
+    # Each partition holds its own nodes' features, per type, in the
+    # partitions' order (node_map: a type's ranges, its ids end to end).
+    import dgl
+
+    dataset = gbrun.datasets.load_dataset(hetero_dataset)
+    with open(part_config) as f:
+        config = json.load(f)
+    orig_nids = torch.load(tmp_path / "parts" / "orig_nids.pt")
+    for ntype in ("user", "item"):
+        feat = dataset.feature.read(*gbrun.datasets.node_key("feat", ntype))
+        first = 0
+        for part, (start, end) in enumerate(config["node_map"][ntype]):
+            data = dgl.data.utils.load_tensors(os.path.join(
+                tmp_path / "parts", config[f"part-{part}"]["node_feats"]))
+            ids = orig_nids[ntype][first:first + end - start]
+            assert torch.equal(data[f"{ntype}/feat"], feat[ids]), ntype
+            first += end - start
+        assert first == len(feat)
+
+    (tmp_path / "logs").mkdir()
+    code, out, err = launch(
+        part_config,
+        ["--example", example, "--batch-size", 64, "--fanout", "-1,-1,-1",
+         "--epochs", 2, "--seed", 1, "--precision", "bf16",
+         "--predict", tmp_path / "p.npy"],
+        tmp_path / "logs", launcher_args=["--trainers-per-machine", 2])
+    assert code == 0, err[-3000:]
+    assert "Training with 4 trainers." in out
+    assert [e[1] for e in EPOCH_LINE.findall(out)] == ["Accuracy"] * 2, out
+    accuracy = float(TEST_LINE.search(out).group(2))
+    assert accuracy > HETERO_FLOOR, out
+    predicted = np.load(tmp_path / "p.npy")
+    assert predicted.dtype == np.int64 and predicted.shape == (3000,)
+    test = dataset.tasks[0].test_set
+    users, labels = test[0:len(test)]["user"]
+    assert round(float((predicted[users] == labels.numpy()).mean()), 4) == (
+        accuracy)
+
+    # The unchanged example is refused on these partitions, in one line.
+    import dist_node_classification as trainer
+
+    ip_config = tmp_path / "ip2.txt"
+    ip_config.write_text("10.0.0.1\n10.0.0.2\n")
+    code, lines = run_in_process(
+        monkeypatch, capsys,
+        lambda: trainer.main(["--part-config", part_config, "--ip-config",
+                              str(ip_config)]), ["x"])
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].endswith(
+        "the partitions hold a graph of several node types, but the "
+        "example's FEATURE_KEYS ['feat'] name none: partition again with "
+        "partition_graph.py --example and this example"), lines
+
+
+def test_a_loader_of_several_node_types_takes_positions_end_to_end():
+    """DistLoader's passes over {node type: ids}: positions start..end of
+    the types end to end (a resumed pass starts at a step)."""
+    from gbrun.distributed import num_items, take
+
+    parts = [("user", torch.arange(5)), ("item", torch.arange(10, 13))]
+    assert num_items(dict(parts)) == 8 and num_items(torch.arange(4)) == 4
+    taken = take(parts, 3, 7)
+    assert [(ntype, ids.tolist()) for ntype, ids in taken] == [
+        ("user", [3, 4]), ("item", [10, 11])]
+    assert [(t, ids.tolist()) for t, ids in take(parts, 6, 99)] == [
+        ("item", [11, 12])]
+    assert take(parts, 8, 16) == []
+    assert [(t, ids.tolist()) for t, ids in take([(None, torch.arange(4))],
+                                                  1, 3)] == [(None, [1, 2])]
