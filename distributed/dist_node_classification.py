@@ -125,11 +125,10 @@ def plan_job(args, example, plan, env=os.environ):
     num_classes = int(info["num_classes"])
     if "target" in info:
         # Several node types: a width per type, and the model takes the
-        # edge types (docs/customising.md's edit).
+        # dataset (docs/customising.md's edit): here, the partitions.
         in_size = {ntype: sum(info["features"][ntype][key] for key in keys)
                    for ntype, keys in example.FEATURE_KEYS.items()}
-        model = example.create_model(in_size, num_classes,
-                                     datasets.edge_types(data))
+        model = example.create_model(in_size, num_classes, data)
     else:
         in_size = sum(info["features"][key] for key in example.FEATURE_KEYS)
         model = example.create_model(in_size, num_classes)

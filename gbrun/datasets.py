@@ -30,10 +30,18 @@ def node_keys(feature_keys):
 def edge_types(dataset):
     """The (source type, relation, destination type) of each edge type of a
     graph of several node types, as DGL's heterogeneous modules take them
-    (on DGL's distributed engine, as the partitions recorded them)."""
-    if hasattr(dataset, "edge_types"):
+    (on DGL's distributed engine, `dataset` a gbrun.distributed.Partitions,
+    as the partitions recorded them)."""
+    if hasattr(dataset, "place"):
         return dataset.edge_types
     return [tuple(etype.split(":")) for etype in dataset.graph.edge_type_to_id]
+
+
+def num_nodes(dataset):
+    """{node type: number of nodes} of a graph of several node types."""
+    if hasattr(dataset, "place"):
+        return dataset.num_nodes
+    return dataset.graph.num_nodes
 
 
 def load_dataset(name_or_dir, data_root="datasets"):

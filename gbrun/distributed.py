@@ -175,9 +175,14 @@ class Partitions:
         self.fail_after, self.fail_rank = fail_after, fail_rank
         self.hang = hang
         self.target = (node_types or {}).get("target")
-        # What gbrun.datasets.edge_types reads for the example's model.
+        # What gbrun.datasets.edge_types and num_nodes read for the
+        # example's model (before the DistGraph exists).
         self.edge_types = [tuple(etype) for etype in
                            (node_types or {}).get("edge_types", [])]
+        with open(part_config) as f:
+            node_map = json.load(f)["node_map"]
+        self.num_nodes = {ntype: sum(end - start for start, end in ranges)
+                          for ntype, ranges in node_map.items()}
         self.g = None
 
     def place(self, device):

@@ -50,7 +50,9 @@ LEARNS_IN_3_EPOCHS = 0.87
 CUSTOMISING = os.path.join(REPO, "docs", "customising.md")
 EDITS = ["gat", "cosine", "macro_f1", "keys", "multi_label", "best_model",
          "two_features", "auroc", "accumulation", "early_stopping",
-         "regression", "hetero"]
+         "regression", "hetero", "embedding"]
+# Edits made on top of others (applied after them).
+ON_TOP_OF = {"embedding": ("hetero",)}
 
 
 def doc_diffs():

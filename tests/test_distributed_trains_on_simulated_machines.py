@@ -1288,6 +1288,18 @@ def test_several_node_types_train_and_predict_on_two_machines(
             assert torch.equal(data[f"{ntype}/feat"], feat[ids]), ntype
             first += end - start
         assert first == len(feat)
+    # What a model with a learned vector per node reads of them (the edit
+    # for a node type without features).
+    from gbrun.distributed import Partitions
+
+    with open(tmp_path / "parts" / "dataset_info.json") as f:
+        info = json.load(f)
+    assert (info["target"], info["features"]) == (
+        "user", {"user": {"feat": 16}, "item": {"feat": 8}})
+    partitions = Partitions("hetero", part_config, node_types=info)
+    assert gbrun.datasets.num_nodes(partitions) == {"user": 3000, "item": 1500}
+    assert gbrun.datasets.edge_types(partitions) == gbrun.datasets.edge_types(
+        dataset)
 
     (tmp_path / "logs").mkdir()
     code, out, err = launch(
