@@ -186,6 +186,11 @@ def check_keys(info, example):
             f"the example's FEATURE_KEYS {example.FEATURE_KEYS} name "
             f"{'none' if several else 'node types'}: partition again with "
             "partition_graph.py --example and this example")
+    if several and getattr(example, "TARGET", info["target"]) != info["target"]:
+        raise cli.UsageError(
+            f"the partitions hold the labels of node type '{info['target']}',"
+            f" but the example's TARGET is '{example.TARGET}': partition "
+            "again with partition_graph.py --example and this example")
     if isinstance(example.FEATURE_KEYS, dict):
         missing = [(ntype, key) for ntype, keys in example.FEATURE_KEYS.items()
                    for key in keys

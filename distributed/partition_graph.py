@@ -294,7 +294,7 @@ def main(argv=None):
         dataset = gbrun.datasets.load_dataset(args.dataset, args.root)
         item_sets = gbrun.datasets.check_dataset(
             dataset, args.dataset, example.FEATURE_KEYS, example.LABEL_KEY,
-            example.LABELS)
+            example.LABELS, getattr(example, "TARGET", None))
         g = dataset_to_dgl_graph(dataset, item_sets, example.LABEL_KEY)
     except gbrun.cli.UsageError as error:
         gbrun.cli.fail(error)

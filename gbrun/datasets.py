@@ -111,7 +111,8 @@ def check_homogeneous(dataset, name):
         raise heterogeneous(name, node_types, edge_types)
 
 
-def check_dataset(dataset, name, feature_keys, label_key, labels="class"):
+def check_dataset(dataset, name, feature_keys, label_key, labels="class",
+                  target=None):
     """Refuses a dataset the example cannot train on, naming what is
     missing or wrong. Returns the task's item sets (train, validation, test),
     each with checked labels: the task's own, or else the node feature
@@ -121,9 +122,9 @@ def check_dataset(dataset, name, feature_keys, label_key, labels="class"):
     multi-label losses), or "value", num_classes finite floats per node
     (float32 rows, for a regression loss). FEATURE_KEYS per node type
     ({type: [names]}, a graph of several): each type's features on it, and
-    every split's seeds of one node type, the target, whose item sets are
-    returned as {target: ItemSet} (gb.ItemSetDict), as the loader takes
-    them."""
+    every split's seeds of one node type, the target (`target`, the
+    example's TARGET, where given), whose item sets are returned as
+    {target: ItemSet} (gb.ItemSetDict), as the loader takes them."""
     per_type = feature_keys if isinstance(feature_keys, dict) else {
         None: feature_keys}
     if None in per_type:
@@ -145,28 +146,28 @@ def check_dataset(dataset, name, feature_keys, label_key, labels="class"):
         item_set = getattr(task, split)
         if item_set is None or len(item_set) == 0:
             raise UsageError(f"dataset '{name}' has an empty {split}")
-        items, target = item_set[0 : len(item_set)], None
+        items, ntype = item_set[0 : len(item_set)], None
         if None not in per_type:
-            items, target = one_node_type(items, name, split)
+            items, ntype = one_node_type(items, name, split, target)
         if "labels" in (item_set.names or ()):
             seeds, values = items
             where = f"dataset '{name}': the {split}'s labels"
-        elif node_key(label_key, target) in dataset.feature.keys():
+        elif node_key(label_key, ntype) in dataset.feature.keys():
             seeds = items[0] if isinstance(items, tuple) else items
-            values = dataset.feature.read(*node_key(label_key, target), seeds)
-            where = (f"dataset '{name}': {feature_name(label_key, target)} "
+            values = dataset.feature.read(*node_key(label_key, ntype), seeds)
+            where = (f"dataset '{name}': {feature_name(label_key, ntype)} "
                      f"(the {split}'s labels)")
         else:
             raise UsageError(
                 f"dataset '{name}': the {split} has no labels and there "
-                f"is no {feature_name(label_key, target, named=True)} (it has: "
-                f"{feature_names_of(dataset, target)})"
+                f"is no {feature_name(label_key, ntype, named=True)} (it has: "
+                f"{feature_names_of(dataset, ntype)})"
             )
         values = checked_labels(values, num_classes, labels, where)
         checked = gb.ItemSet((torch.as_tensor(seeds), values),
                              names=("seed_nodes", "labels"))
-        item_sets.append(checked if target is None
-                         else gb.ItemSetDict({target: checked}))
+        item_sets.append(checked if ntype is None
+                         else gb.ItemSetDict({ntype: checked}))
     return tuple(item_sets)
 
 
@@ -209,16 +210,20 @@ def check_node_types(dataset, name, per_type):
                 f"has node types {', '.join(node_types)}")
 
 
-def one_node_type(items, name, split):
+def one_node_type(items, name, split, target=None):
     """(items, their node type) of a split of a graph of several node
-    types, which must hold the seeds of one."""
+    types, which must hold the seeds of one (`target`, where given)."""
     if not isinstance(items, dict) or len(items) != 1:
         types = ", ".join(items) if isinstance(items, dict) else "none"
         raise UsageError(
             f"dataset '{name}': the {split} holds seeds of node types "
             f"{types}; the example learns the labels of one node type")
-    (target, items), = items.items()
-    return items, target
+    (found, items), = items.items()
+    if target is not None and found != target:
+        raise UsageError(
+            f"dataset '{name}': the {split}'s seeds are of node type "
+            f"'{found}', but TARGET is '{target}'")
+    return items, found
 
 
 def checked_labels(values, num_classes, kind, where):

@@ -306,6 +306,12 @@ def test_several_node_and_edge_types_learn_exactly_resume_and_predict(
             *gbrun.datasets.node_key(keys[0], ntype))
         assert feature.dtype == torch.bfloat16, ntype
 
+    # A TARGET without the labels, refused naming both types.
+    module.TARGET = "item"
+    assert refusal(module, capsys, "--dataset", dataset).endswith(
+        f"dataset '{dataset}': the train_set's seeds are of node type 'user', "
+        "but TARGET is 'item'")
+    module.TARGET = "user"
     # Keys of another schema, refused naming them.
     module.FEATURE_KEYS = {"user": ["feat"], "shop": ["feat"]}
     assert refusal(module, capsys, "--dataset", dataset).endswith(

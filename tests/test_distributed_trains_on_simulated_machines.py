@@ -1334,6 +1334,20 @@ def test_several_node_types_train_and_predict_on_two_machines(
         "the partitions hold a graph of several node types, but the "
         "example's FEATURE_KEYS ['feat'] name none: partition again with "
         "partition_graph.py --example and this example"), lines
+    # So is a copy whose TARGET is not the type with the labels.
+    other_target = tmp_path / "item_target.py"
+    other_target.write_text(pathlib.Path(example).read_text().replace(
+        'TARGET = "user"', 'TARGET = "item"'))
+    code, lines = run_in_process(
+        monkeypatch, capsys,
+        lambda: trainer.main(["--example", str(other_target), "--part-config",
+                              part_config, "--ip-config", str(ip_config)]),
+        ["x"])
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].endswith(
+        "the partitions hold the labels of node type 'user', but the "
+        "example's TARGET is 'item': partition again with partition_graph.py "
+        "--example and this example"), lines
 
 
 def test_a_loader_of_several_node_types_takes_positions_end_to_end():
