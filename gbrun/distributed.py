@@ -606,7 +606,11 @@ class TrainerWatch:
                           f"(--progress-timeout), at {main_thread_at()}")
 
     def fail(self, cause):
-        if self.stopped.is_set():
+        from .launch import FAILURE_REPORT
+
+        # Unless the main thread has reported its own failure first (it then
+        # ends the process itself).
+        if self.stopped.is_set() or not FAILURE_REPORT.acquire(blocking=False):
             return
         rank = os.environ.get("RANK", "?")
         os.write(2, f"rank {rank} failed: {cause}; exiting\n".encode())

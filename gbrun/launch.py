@@ -458,6 +458,14 @@ def join_ranks(context, grace_s=RANK_GRACE_S):
         pass
 
 
+# A rank's failure is reported once: by its main thread's exception, or by
+# a thread that watches the rank (the distributed trainer's TrainerWatch:
+# a dead sampler, a lost server, no progress), whichever comes first; the
+# other one's report (a consequence: the main thread's error on the dead
+# sampler's queue) is left out.
+FAILURE_REPORT = threading.Lock()
+
+
 def run_rank(rank, run, plan, args, job, stop_request=None, on_failure=None):
     """The entry point of each rank: run() with the rank's stop signal
     installed (gbrun.stop), its failure reported, a wait for every rank at
@@ -481,9 +489,16 @@ def run_rank(rank, run, plan, args, job, stop_request=None, on_failure=None):
     except Exception:
         # Report every failing rank here: the launcher shows only one, often
         # a peer's "connection closed" instead of the cause.
-        print(f"rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
+        reported = FAILURE_REPORT.acquire(blocking=False)
+        if reported:
+            print(f"rank {rank} failed:\n{traceback.format_exc()}",
+                  file=sys.stderr)
         if on_failure is not None:
             on_failure()
+        if reported:
+            # No on_failure ended the process: a later run in it (the tests
+            # run several) reports its own failure.
+            FAILURE_REPORT.release()
         raise
     finally:
         if dist.is_initialized():

@@ -1365,3 +1365,48 @@ def test_a_loader_of_several_node_types_takes_positions_end_to_end():
     assert take(parts, 8, 16) == []
     assert [(t, ids.tolist()) for t, ids in take([(None, torch.arange(4))],
                                                   1, 3)] == [(None, [1, 2])]
+
+
+def test_a_trainers_failure_is_reported_once(capfd, monkeypatch):
+    """A sampler that dies: the trainer's watch names it, and the main
+    thread fails on the queue the sampler answered on, a consequence. Of
+    the two, the first reports and the other is left out (CI once printed
+    both: "rank 3 failed" twice)."""
+    import gbrun.distributed
+    import gbrun.launch
+    import node_classification as nc
+    from helpers import cpu_plan
+
+    args = nc.parse_args(["--gpu=0"])
+    plan = cpu_plan(args, 1)
+
+    def run(rank, plan, args, job):
+        raise RuntimeError("the dead sampler's queue")
+
+    # The watch reported first (it holds the report): the main thread's
+    # error is not printed.
+    with gbrun.launch.FAILURE_REPORT:
+        with pytest.raises(RuntimeError):
+            gbrun.launch.run_rank(0, run, plan, args, None)
+    assert "failed" not in capfd.readouterr().err
+    # The main thread reports first: the watch stays silent (and leaves
+    # the exit to it).
+    exits = []
+    monkeypatch.setattr(gbrun.distributed, "fail_fast",
+                        lambda *args, **kwargs: exits.append(args))
+    watch = gbrun.distributed.TrainerWatch([], 1, "g")
+    watch.samplers = []
+    with gbrun.launch.FAILURE_REPORT:
+        watch.fail("its sampler process 1 died")
+    assert capfd.readouterr().err == "" and exits == []
+    # Alone, each reports.
+    with pytest.raises(RuntimeError):
+        gbrun.launch.run_rank(0, run, plan, args, None)
+    assert capfd.readouterr().err.startswith(
+        "rank 0 failed:\nTraceback")
+    monkeypatch.setenv("RANK", "3")
+    watch.fail("its sampler process 1 died")
+    assert capfd.readouterr().err == (
+        "rank 3 failed: its sampler process 1 died; exiting\n")
+    assert exits == [("g",)]
+    gbrun.launch.FAILURE_REPORT.release()  # the watch's (it exits, here not)
