@@ -11,7 +11,9 @@ ranks or machines. On one machine the outputs of a layer are an (N, width)
 tensor on every rank, summed over the ranks from zeros (each node is
 written by exactly one rank, so the sum is exact); on DGL's distributed
 engine they are a DistTensor on the graph servers (see gbrun.distributed).
-Memory on one machine: two (N, width) float32 tensors per rank.
+On a graph of several node types, all of this is per node type (ids within
+the type), and the file holds the type the last layer outputs. Memory on
+one machine: two (N, width) float32 tensors per rank (per node type).
 """
 import os
 
