@@ -216,7 +216,11 @@ def write(args):
 
     example = gbrun.cli.load_example(
         args.example, ("FEATURE_KEYS", "LABEL_KEY", "LABELS"))
-    gbrun.distributed.refuse_node_types(example)
+    if isinstance(example.FEATURE_KEYS, dict):
+        raise gbrun.cli.UsageError(
+            f"{example.__file__}: FEATURE_KEYS per node type (a graph of "
+            "several node types): chunk_dataset.py writes graphs of one "
+            "node type; partition this one with partition_graph.py")
     metadata = read_metadata(args.dataset)
     graph = metadata.get("graph", {})
     if len(graph.get("nodes", [])) != 1 or len(graph.get("edges", [])) != 1:

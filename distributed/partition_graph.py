@@ -162,12 +162,22 @@ def add_features(part_config, orig_nids, feature_paths):
         del feature
 
 
+def target_type(g):
+    """The node type with the labels and split masks of a graph of several
+    node types (dataset_to_dgl_graph put them there); None for one."""
+    if len(g.ntypes) == 1:
+        return None
+    [target] = [ntype for ntype in g.ntypes
+                if "train_mask" in g.nodes[ntype].data]
+    return target
+
+
 def train_mask(g):
     """The train mask, {target type: mask} on a graph of several types."""
-    if len(g.ntypes) == 1:
+    target = target_type(g)
+    if target is None:
         return g.ndata["train_mask"]
-    return {ntype: g.nodes[ntype].data["train_mask"] for ntype in g.ntypes
-            if "train_mask" in g.nodes[ntype].data}
+    return {target: g.nodes[target].data["train_mask"]}
 
 
 def partition(g, graph_name, num_parts, out_dir, options):
@@ -216,10 +226,9 @@ def node_types(g, dataset):
     """What dataset_info records of a graph of several node types: its
     target type (the one with labels) and edge types, in the dataset's
     order (the example's model is built in it); None for one."""
-    if len(g.ntypes) == 1:
+    target = target_type(g)
+    if target is None:
         return None
-    [target] = [ntype for ntype in g.ntypes
-                if "train_mask" in g.nodes[ntype].data]
     return {"target": target, "edge_types": [
         list(etype) for etype in gbrun.datasets.edge_types(dataset)]}
 

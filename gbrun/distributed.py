@@ -62,18 +62,6 @@ SPLIT_MASKS = ("train_mask", "val_mask", "test_mask")
 SPLITS = ("train_set", "validation_set", "test_set")
 
 
-def refuse_node_types(example):
-    """One line for a copy whose FEATURE_KEYS name node types (a graph of
-    several), for chunk_dataset.py, which writes one node type."""
-    from .cli import UsageError
-
-    if isinstance(example.FEATURE_KEYS, dict):
-        raise UsageError(
-            f"{example.__file__}: FEATURE_KEYS per node type (a graph of "
-            "several node types): chunk_dataset.py writes graphs of one "
-            "node type; partition this one with partition_graph.py")
-
-
 def dataset_info(graph_name, num_classes, features, example, num_train,
                  use_graphbolt=False, node_types=None):
     """What the trainer reads beside the partition config and the config
