@@ -194,7 +194,9 @@ def check_keys(info, example):
     if isinstance(example.FEATURE_KEYS, dict):
         missing = [(ntype, key) for ntype, keys in example.FEATURE_KEYS.items()
                    for key in keys
-                   if key not in info["features"].get(ntype, {})]
+                   if key not in info["features"].get(ntype, {})] + [
+            ntype for ntype in info["features"]
+            if ntype not in example.FEATURE_KEYS]
     else:
         missing = [k for k in example.FEATURE_KEYS
                    if k not in info["features"]]

@@ -196,8 +196,8 @@ def check_feature(dataset, name, key, node_type=None):
 
 
 def check_node_types(dataset, name, per_type):
-    """FEATURE_KEYS per node type: the dataset has several, these among
-    them."""
+    """FEATURE_KEYS per node type: the dataset has several, and these are
+    all of them (the model sizes its inputs by type)."""
     node_types = sorted(getattr(dataset.graph, "node_type_to_id", None) or {})
     if len(node_types) < 2:
         raise UsageError(
@@ -208,6 +208,13 @@ def check_node_types(dataset, name, per_type):
             raise UsageError(
                 f"FEATURE_KEYS names node type '{ntype}', but dataset '{name}' "
                 f"has node types {', '.join(node_types)}")
+    missing = [ntype for ntype in node_types if ntype not in per_type]
+    if missing:
+        raise UsageError(
+            f"FEATURE_KEYS names no features for node type "
+            f"{', '.join(missing)} of dataset '{name}': give each type its "
+            "features, or [] and a learned embedding (docs/customising.md"
+            "#a-node-type-without-features)")
 
 
 def one_node_type(items, name, split, target=None):

@@ -317,6 +317,12 @@ def test_several_node_and_edge_types_learn_exactly_resume_and_predict(
     assert refusal(module, capsys, "--dataset", dataset).endswith(
         "FEATURE_KEYS names node type 'shop', but dataset "
         f"'{dataset}' has node types item, user")
+    # A node type left out (it was a KeyError building the model).
+    module.FEATURE_KEYS = {"user": ["feat"]}
+    assert refusal(module, capsys, "--dataset", dataset).endswith(
+        f"FEATURE_KEYS names no features for node type item of dataset "
+        f"'{dataset}': give each type its features, or [] and a learned "
+        "embedding (docs/customising.md#a-node-type-without-features)")
     module.FEATURE_KEYS = {"user": ["feat"], "item": ["x"]}
     assert refusal(module, capsys, "--dataset", dataset).endswith(
         f"dataset '{dataset}' has no feature 'x' of node type 'item' (it "

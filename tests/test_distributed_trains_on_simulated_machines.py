@@ -1348,6 +1348,19 @@ def test_several_node_types_train_and_predict_on_two_machines(
         "the partitions hold the labels of node type 'user', but the "
         "example's TARGET is 'item': partition again with partition_graph.py "
         "--example and this example"), lines
+    # And one that leaves a node type out.
+    users_only = tmp_path / "users_only.py"
+    users_only.write_text(pathlib.Path(example).read_text().replace(
+        'FEATURE_KEYS = {"user": ["feat"], "item": ["feat"]}',
+        'FEATURE_KEYS = {"user": ["feat"]}'))
+    code, lines = run_in_process(
+        monkeypatch, capsys,
+        lambda: trainer.main(["--example", str(users_only), "--part-config",
+                              part_config, "--ip-config", str(ip_config)]),
+        ["x"])
+    assert code == 2 and len(lines) == 1, lines
+    assert "the partitions hold the features ['item', 'user'], labels " \
+        "'label' (class); the example reads {'user': ['feat']}" in lines[0]
 
 
 def test_a_loader_of_several_node_types_takes_positions_end_to_end():
