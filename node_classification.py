@@ -53,10 +53,8 @@ import time
 
 # First: one line, not a traceback, where GraphBolt cannot load.
 from gbrun.graphbolt import gb, graphbolt_options
-from gbrun import (
-    checkpoint, cli, datasets, launch, metrics, placement, predicting, tuning,
-)
-from gbrun.distributed import Partitions
+from gbrun import checkpoint, cli, cpu, launch, metrics, predicting, sources
+from gbrun.data import datasets
 from gbrun.progress import Progress
 
 import dgl.nn as dglnn
@@ -151,10 +149,11 @@ def node_features(data):
 
 def create_dataloader(graph, features, itemset, device, storage, is_train, args,
                       fanout):
-    if isinstance(graph, Partitions):
-        # DGL's distributed engine (distributed/): DGL's own loader of this
-        # trainer's nodes, with batches in GraphBolt's shape. The trainer
-        # refuses a copy whose GraphBolt pipeline below is edited.
+    if isinstance(graph, sources.ServedGraph):
+        # DGL's distributed engine (distributed/): graph servers hold the
+        # graph, and DGL's own loader samples this trainer's nodes, with
+        # batches in GraphBolt's shape. The trainer refuses a copy whose
+        # GraphBolt pipeline below is edited.
         return graph.dataloader(itemset, is_train, args.batch_size, fanout,
                                 FEATURE_KEYS, LABEL_KEY, device)
     ############################################################################
@@ -375,7 +374,7 @@ def run(rank, plan, args, job):
         job = launch.load_job_in_turn(rank, plan, load_job, args)
     # The graph and features where --mode puts them, and the item sets (on
     # DGL's distributed engine: a DistGraph, this trainer's node_split).
-    graph, features, item_sets = placement.place_dataset(
+    graph, features, item_sets = sources.place(
         job, plan.storage, device, args.gpu_cache_size, FEATURE_KEYS
     )
 
@@ -386,7 +385,7 @@ def run(rank, plan, args, job):
     # Memory and loader settings; on CPU ranks, dropout (and ReLU then
     # dropout) in one pass and, in bf16, nn.Linear's products in shapes
     # that recur.
-    tuning.tune_rank(model, plan)
+    cpu.tune_rank(model, plan)
     optimizer, scheduler = create_optimizer(model, args)
     # Restores what a resumed run saved; saves it from now on.
     progress = Progress(plan, job.start, model=model, optimizer=optimizer,

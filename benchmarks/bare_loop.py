@@ -8,18 +8,16 @@ data_wait), so that benchmark.py reads both alike.
     python benchmarks/bare_loop.py --dataset /tmp/perf200k --log-dir /tmp/b
 """
 import itertools
-import json
 import os
 import sys
 import time
 import types
 
-from gbrun.cli import ArgumentParser, fanout_list, int_at_least, python_file
+from gbrun.cli import (
+    SHIPPED_EXAMPLE, ArgumentParser, fanout_list, int_at_least, python_file,
+)
 
 EPOCHS = 2  # epoch 0 warms up, epoch 1 is measured
-DEFAULT_EXAMPLE = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    "node_classification.py")
 
 
 def child_parser(description):
@@ -27,7 +25,7 @@ def child_parser(description):
     stage_split.py): what to train on, and how."""
     parser = ArgumentParser(description=description)
     parser.add_argument("--dataset", required=True)
-    parser.add_argument("--example", type=python_file, default=DEFAULT_EXAMPLE)
+    parser.add_argument("--example", type=python_file, default=SHIPPED_EXAMPLE)
     parser.add_argument("--threads", type=int_at_least(1), default=1)
     parser.add_argument("--batches", type=int_at_least(1), default=20)
     parser.add_argument("--batch-size", type=int_at_least(1), default=1024)
@@ -39,16 +37,16 @@ def child_parser(description):
 
 def create_model(example, dataset, fused_dropout, split_products):
     """The example's model for `dataset`, as the example's CPU ranks run
-    it (gbrun.tuning.tune_model): its nn.Dropout fused (--fused-dropout), and in
-    bf16 its products split (gbrun.products.split_products)."""
-    import gbrun.datasets
-    import gbrun.tuning
+    it (gbrun.cpu.tune_model): its nn.Dropout fused (--fused-dropout), and in
+    bf16 its products split (gbrun.cpu.products)."""
+    import gbrun.cpu
+    import gbrun.data.datasets
 
     model = example.create_model(
-        gbrun.datasets.feature_size(dataset, example.FEATURE_KEYS),
+        gbrun.data.datasets.feature_size(dataset, example.FEATURE_KEYS),
         dataset.tasks[0].metadata["num_classes"])
     # The two fields of the example's plan that tune_model reads.
-    return gbrun.tuning.tune_model(model, types.SimpleNamespace(
+    return gbrun.cpu.tune_model(model, types.SimpleNamespace(
         fused_dropout=fused_dropout, split_products=split_products))
 
 
@@ -67,23 +65,23 @@ def main(argv=None):
     import torch
     import torch.nn.functional as F
 
-    import gbrun.checkpoint
     import gbrun.cli
-    import gbrun.datasets
+    import gbrun.cpu.memory
+    import gbrun.data.datasets
     import gbrun.placement
-    import gbrun.tuning
+    import gbrun.records
     from gbrun.graphbolt import gb
 
     example = gbrun.cli.load_example(args.example)
     if args.tuned:
-        gbrun.tuning.keep_freed_memory()
-        gbrun.tuning.poll_less()
+        gbrun.cpu.memory.keep_freed_memory()
+        gbrun.cpu.memory.poll_less()
     torch.set_num_threads(args.threads)
     dataset = gb.OnDiskDataset(args.dataset).load()
     bf16 = args.precision == "bf16"
     if bf16:
         # As the example's --precision bf16: bf16 features, autocast.
-        gbrun.datasets.store_in_bf16(dataset, example.FEATURE_KEYS)
+        gbrun.data.datasets.store_in_bf16(dataset, example.FEATURE_KEYS)
     features = dataset.feature
     if args.tuned:
         features = gbrun.placement.index_select_store(features)  # as the example reads
@@ -115,12 +113,11 @@ def main(argv=None):
             seeds += data.labels.size(0)
             step_end = time.time()
         train_time = time.time() - start
-        with open(os.path.join(args.log_dir, gbrun.checkpoint.METRICS_FILE), "a") as f:
-            f.write(json.dumps({
-                "epoch": epoch, "epoch_time": train_time,
-                "train_time": train_time,
-                "seeds_per_second": seeds / train_time,
-                "data_wait": data_wait}) + "\n")
+        gbrun.records.append_metrics(args.log_dir, {
+            "epoch": epoch, "epoch_time": train_time,
+            "train_time": train_time,
+            "seeds_per_second": seeds / train_time,
+            "data_wait": data_wait})
 
 
 if __name__ == "__main__":

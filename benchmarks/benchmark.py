@@ -92,13 +92,14 @@ from dataclasses import dataclass, field
 import psutil
 
 from gbrun.cli import (
-    ArgumentParser, fanout_list, int_at_least, positive_float, python_file,
+    SHIPPED_EXAMPLE, ArgumentParser, fanout_list, int_at_least,
+    positive_float, python_file,
 )
+from gbrun.records import METRICS_FILE
+
+from bare_loop import EPOCHS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_EXAMPLE = os.path.join(os.path.dirname(HERE), "node_classification.py")
-METRICS_FILE = "metrics.jsonl"  # gbrun's, without importing torch here
-EPOCHS = 2  # epoch 0 warms up, epoch 1 is measured
 TORCH_DROPOUT = " torch-dropout"  # in the name of a run with torch's dropout
 
 
@@ -552,7 +553,7 @@ def parse_args(argv=None):
     parser.add_argument("--batch-size", type=int_at_least(1), default=1024)
     parser.add_argument("--fanout", type=fanout_list, default=[10, 10, 10])
     parser.add_argument(
-        "--example", type=python_file, default=DEFAULT_EXAMPLE,
+        "--example", type=python_file, default=SHIPPED_EXAMPLE,
         help="The example to measure (its model is the bare loop's too). "
         "Default: node_classification.py",
     )

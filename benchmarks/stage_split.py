@@ -2,7 +2,7 @@
 --threads threads: the median time per training batch of each stage,
 measured one after the other on the same batches. Sampling is the seeds'
 sample_neighbor; fetching is the input nodes' features read by GraphBolt's
-store as it comes and by the example's (place_dataset, CPU storage);
+store as it comes and by the example's (gbrun.placement.place_graph, CPU storage);
 compute is the example's model's forward, backward and Adam step (with
 its dropout fused, as on the example's CPU ranks, or torch's; in bf16 its
 products split, as there). Prints
@@ -33,25 +33,25 @@ def main(argv=None):
     import torch.nn.functional as F
 
     import gbrun.cli
-    import gbrun.datasets
+    import gbrun.cpu.memory
+    import gbrun.data.datasets
     import gbrun.graphbolt
     import gbrun.placement
-    import gbrun.tuning
     from gbrun.graphbolt import gb
 
     example = gbrun.cli.load_example(args.example)
-    gbrun.tuning.keep_freed_memory()
+    gbrun.cpu.memory.keep_freed_memory()
     torch.set_num_threads(args.threads)
     keys = example.FEATURE_KEYS
     try:  # a dataset the example cannot train on: one line, exit 2
-        dataset = gbrun.datasets.load_dataset(args.dataset)
-        train_set = gbrun.datasets.check_dataset(
+        dataset = gbrun.data.datasets.load_dataset(args.dataset)
+        train_set = gbrun.data.datasets.check_dataset(
             dataset, args.dataset, keys, example.LABEL_KEY, example.LABELS)[0]
     except gbrun.cli.UsageError as error:
         gbrun.cli.fail(error)
     bf16 = args.precision == "bf16"
     if bf16:
-        gbrun.datasets.store_in_bf16(dataset, keys)
+        gbrun.data.datasets.store_in_bf16(dataset, keys)
     stock = dataset.feature
     _, placed = gbrun.placement.place_graph(dataset, "cpu", torch.device("cpu"), 0,
                                     keys)
@@ -71,7 +71,7 @@ def main(argv=None):
         return result
 
     def read(store, ids):
-        x = [store.read(*gbrun.datasets.node_key(key), ids) for key in keys]
+        x = [store.read(*gbrun.data.datasets.node_key(key), ids) for key in keys]
         return x[0] if len(x) == 1 else torch.cat(x, dim=1)
 
     def step(data, x):

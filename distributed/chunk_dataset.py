@@ -35,17 +35,16 @@ import json
 import os
 
 import gbrun.cli
-import gbrun.datasets
-import gbrun.distributed
+import gbrun.data.datasets
+import gbrun.dist.files
 
 # numpy, torch and yaml are imported where they are used: a bad argument is
 # refused before they load.
 
 NTYPE, ETYPE = "_N", "_N:_E:_N"  # a homogeneous graph's types, as DGL names them
-ITEM_SETS_FILE = "item_sets_dataset_ids.pt"
-DEFAULT_EXAMPLE = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    "node_classification.py")
+# The item sets in the dataset's node ids, kept beside the chunks until
+# `finish` renumbers them as the partitions do (gbrun.dist.files.ITEM_SETS_FILE).
+DATASET_ID_ITEM_SETS_FILE = "item_sets_dataset_ids.pt"
 
 
 def read_metadata(dataset):
@@ -131,7 +130,7 @@ def node_feature(dataset, metadata, name, rows=False):
 
 def checked_splits(dataset, metadata, label_key, labels):
     """(seeds, labels) of train, validation and test, checked as the
-    example checks them (gbrun.datasets.checked_labels). Small beside the
+    example checks them (gbrun.data.datasets.checked_labels). Small beside the
     graph: one entry per labelled node."""
     import numpy as np
     import torch
@@ -143,7 +142,7 @@ def checked_splits(dataset, metadata, label_key, labels):
             "metadata.yaml")
     num_classes = int(task["num_classes"])
     splits = []
-    for split in gbrun.datasets.SPLITS:
+    for split in gbrun.data.datasets.SPLITS:
         data = {d["name"]: d for d in (task.get(split) or [{}])[0].get(
             "data", [])}
         if "seed_nodes" not in data:
@@ -165,7 +164,7 @@ def checked_splits(dataset, metadata, label_key, labels):
                 np.argsort(np.argsort(seeds))]
             where = (f"dataset '{dataset}': node feature '{label_key}' "
                      f"(the {split}'s labels)")
-        values = gbrun.datasets.checked_labels(
+        values = gbrun.data.datasets.checked_labels(
             torch.from_numpy(values), num_classes, labels, where)
         splits.append((torch.from_numpy(seeds.astype(np.int64)), values))
     return splits, num_classes
@@ -224,7 +223,7 @@ def write(args):
     metadata = read_metadata(args.dataset)
     graph = metadata.get("graph", {})
     if len(graph.get("nodes", [])) != 1 or len(graph.get("edges", [])) != 1:
-        raise gbrun.datasets.heterogeneous(
+        raise gbrun.data.datasets.heterogeneous(
             args.dataset, [str(n.get("type")) for n in graph.get("nodes", [])],
             [str(e.get("type")) for e in graph.get("edges", [])])
     num_nodes = int(graph["nodes"][0]["num"])
@@ -278,7 +277,7 @@ def write(args):
 
     node_data[example.LABEL_KEY] = write_rows(
         labels, node_sizes, f"node_data/{example.LABEL_KEY}-%d.npy", out)
-    for index, mask in enumerate(gbrun.distributed.SPLIT_MASKS):
+    for index, mask in enumerate(gbrun.dist.files.SPLIT_MASKS):
         def split_mask(start, end, index=index):
             low, high = rows(start, end)
             chunk = np.zeros(end - start, dtype=bool)
@@ -305,8 +304,8 @@ def write(args):
     }
     with open(os.path.join(out, "metadata.json"), "w") as f:
         json.dump(chunked, f, indent=2)
-    torch.save(splits, os.path.join(out, ITEM_SETS_FILE))
-    gbrun.distributed.write_dataset_info(out, gbrun.distributed.dataset_info(
+    torch.save(splits, os.path.join(out, DATASET_ID_ITEM_SETS_FILE))
+    gbrun.dist.files.write_dataset_info(out, gbrun.dist.files.dataset_info(
         graph_name, num_classes,
         {key: feature.shape[1] for key, feature in features.items()},
         example, len(splits[0][0])))
@@ -319,7 +318,7 @@ def finish(args):
     import torch
 
     config_path = os.path.join(args.partitions, "metadata.json")
-    for path in (config_path, os.path.join(args.chunked, ITEM_SETS_FILE)):
+    for path in (config_path, os.path.join(args.chunked, DATASET_ID_ITEM_SETS_FILE)):
         if not os.path.isfile(path):
             raise gbrun.cli.UsageError(f"{path} does not exist")
     with open(config_path) as f:
@@ -335,15 +334,15 @@ def finish(args):
     # Each partition owns a contiguous range of the new ids, in order.
     orig_nids = torch.cat(orig_nids).long()
     torch.save(orig_nids, os.path.join(args.partitions,
-                                       gbrun.distributed.ORIG_NIDS_FILE))
-    splits = torch.load(os.path.join(args.chunked, ITEM_SETS_FILE),
+                                       gbrun.dist.files.ORIG_NIDS_FILE))
+    splits = torch.load(os.path.join(args.chunked, DATASET_ID_ITEM_SETS_FILE),
                         weights_only=True)
-    gbrun.distributed.save_item_sets(args.partitions, splits, orig_nids)
+    gbrun.dist.files.save_item_sets(args.partitions, splits, orig_nids)
     with open(os.path.join(args.chunked,
-                           gbrun.distributed.DATASET_INFO_FILE)) as f:
+                           gbrun.dist.files.DATASET_INFO_FILE)) as f:
         info = json.load(f)
     info["graph_name"] = config["graph_name"]
-    gbrun.distributed.write_dataset_info(args.partitions, info)
+    gbrun.dist.files.write_dataset_info(args.partitions, info)
     print(f"Partition config: {os.path.abspath(config_path)}")
 
 
@@ -361,7 +360,7 @@ def parse_args(argv=None):
                    required=True, help="chunks of nodes and of edges (a "
                    "multiple of the machines that run the pipeline)")
     w.add_argument("--example", type=gbrun.cli.python_file,
-                   default=DEFAULT_EXAMPLE, help="the example whose "
+                   default=gbrun.cli.SHIPPED_EXAMPLE, help="the example whose "
                    "FEATURE_KEYS, LABEL_KEY and LABELS are written")
     w.add_argument("--graph-name", default=None,
                    help="Default: the dataset directory's name.")

@@ -12,8 +12,8 @@ with another data source: what DGL's distributed training guide says
 changes between one machine and many.
 
     DGL's distributed initialise    here, before run()
-    the DistGraph and node_split    gbrun.distributed.Partitions.place, in
-                                    place of the GraphBolt dataset
+    the DistGraph and node_split    gbrun.dist.partitions.Partitions.place,
+                                    in place of the GraphBolt dataset
     the loader                      DGL's DistNodeDataLoader, built by the
                                     example's create_dataloader() (a copy
                                     whose GraphBolt pipeline is edited is
@@ -35,40 +35,40 @@ that never return. Do not run it by hand; use a launcher:
 
 Call tree:
 main
-├── parse_args / plan_job        checks before anything connects (servers too)
+├── parse_args / load_job        checks before anything connects (servers too)
 ├── dgl.distributed.initialize   servers serve their partition here
 └── example.run                  each trainer, through gbrun.launch.run_rank
     ├── init_process_group       NCCL on GPUs, gloo on CPUs (env://)
-    ├── place_dataset            DistGraph + node_split (Partitions.place)
+    ├── sources.place            DistGraph + node_split (Partitions.place)
     ├── create_dataloader        DistNodeDataLoader batches, as GraphBolt's
     ├── train                    the example's loop, under Join
     └── evaluate                 the example's metric on the test set
 """
 import argparse
-import json
-import os
-import sys
-import time
-
 import ast
 import dataclasses
 import inspect
+import json
+import os
+import sys
+import threading
+import time
 
 import gbrun.graphbolt  # noqa: F401 (first: one line if DGL cannot load)
-from gbrun import checkpoint, cli, datasets, launch
-from gbrun.distributed import (
-    DATASET_INFO_FILE, FIRST_CLIENT_TIMEOUT_S, PROGRESS_TIMEOUT_S, Partitions,
-    TrainerWatch,
-    exit_when_clients_are_gone, fail_fast, load_item_sets,
-    samplers_die_with_trainer, unlink_job_memory,
+from gbrun import checkpoint, cli, launch, plan as planning
+from gbrun.data import datasets
+from gbrun.dist.cleanup import (
+    fail_fast, samplers_die_with_trainer, unlink_job_memory,
+)
+from gbrun.dist.files import DATASET_INFO_FILE, load_item_sets
+from gbrun.dist.partitions import Partitions
+from gbrun.dist.watch import (
+    FIRST_CLIENT_TIMEOUT_S, PROGRESS_TIMEOUT_S, TrainerWatch,
+    exit_when_clients_are_gone,
 )
 
 import dgl
 import torch
-
-DEFAULT_EXAMPLE = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    "node_classification.py")
 # The example's options that mean nothing here, and why.
 NOT_HERE = {
     "gpu": "each trainer takes the GPU of its LOCAL_RANK",
@@ -79,7 +79,7 @@ NOT_HERE = {
 }
 
 
-def plan_job(args, example, plan, env=os.environ):
+def load_job(args, example, plan, env=os.environ):
     """Checks the arguments against the partitions and the example, and a
     checkpoint to resume; returns the gbrun.launch.Job whose dataset is the
     partitions. Servers run it too, so that bad input stops every process
@@ -163,7 +163,7 @@ def check_loader(example):
     """Refuses a copy whose create_dataloader() edits the GraphBolt
     pipeline: DGL's distributed engine loads batches with DGL's own loader,
     so the edit would silently not run here."""
-    shipped = cli.load_example(DEFAULT_EXAMPLE)
+    shipped = cli.load_example(cli.SHIPPED_EXAMPLE)
     if graphbolt_pipeline(example.create_dataloader) != graphbolt_pipeline(
             shipped.create_dataloader):
         raise cli.UsageError(
@@ -219,7 +219,7 @@ def num_trainers(env, num_machines, samplers):
 
 
 def plan_devices(args, env=os.environ):
-    """The trainer's plan (gbrun.launch.plan_run as for a torchrun rank). A
+    """The trainer's plan (gbrun.plan.plan_run as for a torchrun rank). A
     server checks the plan of its machine's last trainer instead, so that a
     machine with fewer GPUs than trainers stops every process; it never
     trains, so it builds no dropout kernel."""
@@ -232,8 +232,8 @@ def plan_devices(args, env=os.environ):
                    LOCAL_RANK=str(per_machine - 1),
                    LOCAL_WORLD_SIZE=str(per_machine))
         machine = dataclasses.replace(
-            launch.detect_machine(args.precision), dropout_problem=None)
-    return launch.plan_run(args, "0", args.num_workers, env, machine,
+            planning.detect_machine(args.precision), dropout_problem=None)
+    return planning.plan_run(args, "0", args.num_workers, env, machine,
                            distributed=True)
 
 
@@ -268,7 +268,7 @@ def parse_args(argv=None):
         "example's options apply too; see the end of this help.",
     )
     parser.add_argument(
-        "--example", type=cli.python_file, default=DEFAULT_EXAMPLE,
+        "--example", type=cli.python_file, default=cli.SHIPPED_EXAMPLE,
         help="The example file to train: the model, optimizer, keys, loop "
         "and metric come from it. Default: node_classification.py of this "
         "repository.")
@@ -356,7 +356,7 @@ def main(argv=None):
     server = os.environ.get("DGL_ROLE") == "server"
     try:
         plan = plan_devices(args)
-        job = plan_job(args, example, plan)
+        job = load_job(args, example, plan)
     except cli.UsageError as error:
         cli.fail(error, speak=cli.is_first_process())
     # Every graph server: id -> (machine, ip, port, servers a machine).
@@ -370,11 +370,13 @@ def main(argv=None):
             first_timeout_s=args.first_client_timeout,
             on_leave=lambda: unlink_job_memory(job.dataset.graph_name))
     else:
-        # Bounds DGL's waits for a job that failed elsewhere.
+        # Bounds DGL's waits for a job that failed elsewhere. The watch and
+        # run_rank report this trainer's failure once, whichever is first.
+        report = threading.Lock()
         watch = TrainerWatch(
             {(ip, int(port)) for _, ip, port, _ in servers.values()},
             args.connect_timeout, job.dataset.graph_name,
-            args.progress_timeout).start()
+            job.dataset.heartbeat, report, args.progress_timeout).start()
     # Servers never return from here; trainers connect to every server.
     dgl.distributed.initialize(args.ip_config, use_graphbolt=args.use_graphbolt)
     samplers_die_with_trainer()
@@ -387,7 +389,8 @@ def main(argv=None):
         # The example's run(); on a failure, this trainer ends at once
         # (fail_fast). DGL's exit hook then shuts the servers.
         launch.run_rank(plan.rank_offset, example.run, plan, args, job,
-                        on_failure=lambda: fail_fast(job.dataset.graph_name))
+                        on_failure=lambda: fail_fast(job.dataset.graph_name),
+                        report=report)
     finally:
         watch.stop()
         if job.dataset.record is not None:

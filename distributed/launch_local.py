@@ -35,7 +35,7 @@ starts and refuses bad input at once.
 Call tree:
 main
 ├── parse_args / validate_args / check_prerequisites
-├── plan_job                  addresses, ports, environments of every process
+├── plan_machines             addresses, ports, environments of every process
 └── run_job                   (always cleans up in finally)
     ├── start_holder          namespaces: a hub with a bridge, one per machine
     ├── link_machines         veth pairs from the machines to the bridge
@@ -167,7 +167,7 @@ def check_prerequisites():
         fail(f"missing {', '.join(missing)} (iproute2, util-linux) on PATH")
 
 
-def plan_job(args, run_id, work_dir):
+def plan_machines(args, run_id, work_dir):
     """Decide every address, port and environment of the job; write ip_config."""
     rng = random.Random(run_id)
     # Varied per run for clarity in logs; the namespaces have no route out,
@@ -514,7 +514,7 @@ def run_job(args, run_id, stop):
     marked_env = dict(os.environ, DGLSIM_RUN=str(run_id))
     running, holders = [], []
     try:
-        plan = plan_job(args, run_id, work_dir)
+        plan = plan_machines(args, run_id, work_dir)
         deadline = time.monotonic() + plan["timeout"]
         # The hub holds the bridge; each machine holds its own network stack
         # and a mount namespace with a private /dev/shm.

@@ -36,7 +36,7 @@ main
 ├── partition                     dgl.distributed.partition_graph (HIGHLIGHT)
 ├── add_features                  each partition's rows of the features
 └── write_dataset_info            dataset_info.json beside the partition config
-                                  (gbrun.distributed)
+                                  (gbrun.dist.files)
 
 The features are not in memory while the graph is partitioned: at products
 size (2.4M nodes, 60M edges, 100 features) that lowered the peak from
@@ -50,16 +50,13 @@ import shutil
 import tempfile
 
 import gbrun.cli
-import gbrun.datasets
-import gbrun.distributed
+import gbrun.data.datasets
+import gbrun.dist.files
+import gbrun.sources
 
 # dgl, numpy and torch are imported where they are used: a bad argument is
 # refused before they load (seconds).
 
-ORIG_NIDS_FILE = gbrun.distributed.ORIG_NIDS_FILE
-DEFAULT_EXAMPLE = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    "node_classification.py")
 
 
 def dataset_to_dgl_graph(dataset, item_sets, label_key):
@@ -93,7 +90,7 @@ def dataset_to_dgl_graph(dataset, item_sets, label_key):
     data[label_key] = torch.full((count, *labels.shape[1:]),
                                  -1 if labels.dim() == 1 else 0,
                                  dtype=labels.dtype)
-    for mask_name, (seeds, labels) in zip(gbrun.distributed.SPLIT_MASKS,
+    for mask_name, (seeds, labels) in zip(gbrun.dist.files.SPLIT_MASKS,
                                           splits):
         mask = torch.zeros(count, dtype=torch.bool)
         mask[seeds.long()] = True
@@ -126,7 +123,7 @@ def set_features_aside(dataset, feature_keys, directory):
     import numpy as np
 
     paths = {}
-    for key in gbrun.datasets.node_keys(feature_keys):
+    for key in gbrun.data.datasets.node_keys(feature_keys):
         _, ntype, name = key
         paths[(ntype, name)] = os.path.join(directory, f"{len(paths)}.npy")
         np.save(paths[(ntype, name)], dataset.feature.read(*key).numpy())
@@ -214,7 +211,7 @@ def feature_widths(dataset, feature_keys):
     """{name: width} of the features the example reads ({node type: {name:
     width}} for FEATURE_KEYS per node type)."""
     def width(name, ntype=None):
-        return dataset.feature.size(*gbrun.datasets.node_key(name, ntype))[0]
+        return dataset.feature.size(*gbrun.data.datasets.node_key(name, ntype))[0]
 
     if isinstance(feature_keys, dict):
         return {ntype: {name: width(name, ntype) for name in names}
@@ -230,7 +227,7 @@ def node_types(g, dataset):
     if target is None:
         return None
     return {"target": target, "edge_types": [
-        list(etype) for etype in gbrun.datasets.edge_types(dataset)]}
+        list(etype) for etype in gbrun.sources.edge_types(dataset)]}
 
 
 def parse_args(argv=None):
@@ -250,7 +247,7 @@ def parse_args(argv=None):
         help="Download directory for builtin datasets. Default: datasets",
     )
     parser.add_argument(
-        "--example", type=gbrun.cli.python_file, default=DEFAULT_EXAMPLE,
+        "--example", type=gbrun.cli.python_file, default=gbrun.cli.SHIPPED_EXAMPLE,
         help="The example whose features (FEATURE_KEYS) and labels "
         "(LABEL_KEY, LABELS) the partitions hold. Default: "
         "node_classification.py of this repository.",
@@ -300,8 +297,8 @@ def main(argv=None):
     try:
         example = gbrun.cli.load_example(
             args.example, ("FEATURE_KEYS", "LABEL_KEY", "LABELS"))
-        dataset = gbrun.datasets.load_dataset(args.dataset, args.root)
-        item_sets = gbrun.datasets.check_dataset(
+        dataset = gbrun.data.datasets.load_dataset(args.dataset, args.root)
+        item_sets = gbrun.data.datasets.check_dataset(
             dataset, args.dataset, example.FEATURE_KEYS, example.LABEL_KEY,
             example.LABELS, getattr(example, "TARGET", None))
         g = dataset_to_dgl_graph(dataset, item_sets, example.LABEL_KEY)
@@ -310,7 +307,7 @@ def main(argv=None):
     graph_name = args.graph_name or os.path.basename(
         os.path.normpath(args.dataset)
     )
-    info = gbrun.distributed.dataset_info(
+    info = gbrun.dist.files.dataset_info(
         graph_name, dataset.tasks[0].metadata["num_classes"],
         feature_widths(dataset, example.FEATURE_KEYS), example,
         len(item_sets[0]), args.use_graphbolt, node_types(g, dataset))
@@ -345,9 +342,9 @@ def main(argv=None):
         shutil.rmtree(aside, ignore_errors=True)
     import torch
 
-    torch.save(orig_nids, os.path.join(args.out, ORIG_NIDS_FILE))
-    gbrun.distributed.save_item_sets(args.out, splits, orig_nids)
-    info_path = gbrun.distributed.write_dataset_info(args.out, info)
+    torch.save(orig_nids, os.path.join(args.out, gbrun.dist.files.ORIG_NIDS_FILE))
+    gbrun.dist.files.save_item_sets(args.out, splits, orig_nids)
+    info_path = gbrun.dist.files.write_dataset_info(args.out, info)
     with open(part_config) as f:
         config = json.load(f)
     for part_id in range(args.num_parts):

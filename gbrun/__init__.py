@@ -4,31 +4,44 @@ receives what is model- or data-specific (keys, the resume key, the layer
 count, the function each rank runs) as arguments. Import the module you use
 (`from gbrun import checkpoint, launch`): `import gbrun.cli` loads no torch.
 
-    cli         the one-line error for bad input, argument types, the
-                options gbrun reads (add_run_options)
-    launch      the device plan, mp.spawn and torchrun, a rank's lifecycle
+The rank runtime, which the example's run() and loop reach:
+
+    cli         the one-line refusal of bad input, argument types, the
+                options gbrun reads (add_run_options), loading an example
+    plan        the device plan: devices, backend, world size, rendezvous,
+                threads (plan_run), decided once from what a Machine has
+    launch      mp.spawn and torchrun, the Job every rank gets, a rank's
+                lifecycle (run_rank)
     stop        SIGTERM/SIGINT: every rank stops at one step, resumably
     progress    a run's progress: restore, epochs, stop, save (Progress)
-    checkpoint  where a run starts, checkpoint files, the resume key
-    datasets    dataset loading and checks
-    placement   where --mode puts the graph and features, the GPU cache
     batches     a rank's seeded, skippable mini-batches of one pass
-    graphbolt   GraphBolt's import, its API shapes by release, the private
-                attributes read
-    metrics     torchmetrics across ranks where a rank has no items
+    checkpoint  where a run starts, checkpoint files, the resume key
+    records     metrics.jsonl
+    sources     the two kinds of data a run trains from (a GraphBolt
+                dataset, DGL's partitions) and what each provides
+    placement   where --mode puts GraphBolt's graph and features
     predicting  --predict: every node, layer by layer across ranks, and the
                 file in the dataset's node ids
-    distributed DGL's distributed engine under the example's loop (imported
-                by the distributed trainer only)
-    tuning      a rank's settings for speed: CPU memory, the prefetcher, the
-                model's dropout and bf16 products (tune_rank)
-    dropout     nn.Dropout, and ReLU then dropout, in one pass on CPU ranks
-                (a C kernel built once, where a plan uses it)
-    products    nn.Linear's bf16 products on CPU ranks in shapes that recur
-    ondisk      the OnDiskDataset writer the dataset scripts share
+    metrics     torchmetrics across ranks where a rank has no items
+    graphbolt   GraphBolt's import, its API shapes by release, the private
+                attributes read
+
+And three subpackages, each for one audience:
+
+    data        datasets: loading and the example's checks, the label
+                check, and the dataset writer the scripts share
+    dist        DGL's distributed engine under the example's loop
+                (distributed/ imports it)
+    cpu         the CPU speed pack: memory settings, one-pass dropout,
+                bf16 products in shapes that recur (cpu.tune_rank)
+
+State a process keeps: gbrun.stop's installed signal handler,
+gbrun.cpu.dropout's loaded kernel (each module's docstring says why), and
+DGLBACKEND, set below.
 """
 import os
 
 # Before any import of dgl (the scripts import it after gbrun): without it,
-# importing dgl warns that no backend is configured.
+# importing dgl warns that no backend is configured. A value of the user's
+# own stays.
 os.environ.setdefault("DGLBACKEND", "pytorch")

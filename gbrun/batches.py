@@ -1,6 +1,7 @@
 """A rank's mini-batches for one pass: skipped and limited, with a progress
 bar on rank 0 and the time spent waiting for data, seeded so that a run
 repeats and resumes exactly at any step."""
+import contextlib
 import itertools
 import random
 import time
@@ -12,6 +13,7 @@ from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
 from .graphbolt import batches_per_rank, gb, seed_item_sampler
+from .sources import BatchSource
 
 def item_sampler_of(dataloader):
     """The DistributedItemSampler at the root of a GraphBolt DataLoader."""
@@ -37,8 +39,8 @@ class Batches:
     where the device does not compute bf16: stored in bf16, computed in
     fp32). A pass ends once the device has done its queued work, so that a
     time taken after it counts the pass. The batches of a GraphBolt
-    DataLoader, or of a loader with a `source(batches)` method (the
-    distributed trainer's DistLoader)."""
+    DataLoader, or of a gbrun.sources.BatchSource (DGL's distributed
+    engine's DistLoader), which asks pass_seed() how to shuffle."""
 
     def __init__(self, dataloader, rank, name, seed=None, epoch=None, skip=0,
                  limit=None, upcast=False, device=None, pass_id=()):
@@ -49,19 +51,35 @@ class Batches:
         self.upcast, self.device = upcast, device
         self.data_wait = 0.0
 
+    def pass_seed(self):
+        """The seed of this pass's randomness (None, unseeded): (seed, rank,
+        epoch) for a training epoch, like PyTorch's
+        DistributedSampler.set_epoch, so that the same seed repeats a run
+        and a resumed run (which samples the batches it skips) continues it
+        exactly; (seed, rank, *pass_id) for an evaluation pass."""
+        if self.seed is None:
+            return None
+        if self.epoch is not None:
+            return derived_seed(self.seed, self.rank, self.epoch)
+        return derived_seed(self.seed, self.rank, *self.pass_id)
+
     def source(self):
         """(this pass's batches from batch `step` on, at most `limit` in
         all; rank 0's number of them, for the progress bar). Under a seed,
         every pass samples serially (see sample_serially)."""
-        if hasattr(self.dataloader, "source"):
+        if isinstance(self.dataloader, BatchSource):
             return self.dataloader.source(self)
         item_sampler = item_sampler_of(self.dataloader)
-        seeded = self.seed is not None
-        if seeded and self.epoch is not None:
-            seed_epoch(self.seed, self.rank, self.epoch, item_sampler)
-        elif seeded:
-            seed_all(derived_seed(self.seed, self.rank, *self.pass_id))
-        batches = sample_serially(self.dataloader) if seeded else self.dataloader
+        seed = self.pass_seed()
+        if seed is not None:
+            # Shuffling, neighbor sampling and anything else random.
+            seed_all(seed)
+            if self.epoch is not None:
+                # GraphBolt's item sampler takes no seed for an epoch.
+                seed_item_sampler(item_sampler, self.seed, self.rank,
+                                  self.epoch, derived_seed)
+        batches = self.dataloader if seed is None else sample_serially(
+            self.dataloader)
         batches = itertools.islice(batches, self.step, self.limit)
         return batches, rank0_batches(item_sampler, self.limit)
 
@@ -111,27 +129,26 @@ def sample_serially(batches):
     engine is seeded, and unique_and_compact numbers ids in whichever order
     the threads insert them. Training keeps all threads. Costs about 15%
     with 1 rank x 2 threads on a 200k-node graph; nothing with 1 thread."""
-    threads = torch.get_num_threads()
     iterator = iter(batches)
     while True:
-        torch.set_num_threads(1)
-        try:
+        # Only while sampling: the step that uses the batch has them all.
+        with torch_threads(1):
             batch = next(iterator, None)
-        finally:
-            torch.set_num_threads(threads)
         if batch is None:
             return
         yield batch
 
 
-def seed_epoch(seed, rank, epoch, item_sampler):
-    """Derives this rank's randomness for one epoch (shuffling, neighbor
-    sampling) from (seed, rank, epoch), like PyTorch's
-    DistributedSampler.set_epoch: the same seed repeats a run, and a resumed
-    run (which samples the batches it skips) continues it exactly."""
-    seed_all(derived_seed(seed, rank, epoch))
-    # GraphBolt's item sampler takes no seed for an epoch.
-    seed_item_sampler(item_sampler, seed, rank, epoch, derived_seed)
+@contextlib.contextmanager
+def torch_threads(count):
+    """torch's intra-op threads set to `count` inside the block, and back
+    to what they were after it (a setting of the whole process)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def seed_all(seed):

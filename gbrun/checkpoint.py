@@ -4,11 +4,10 @@ start_or_resume decides, once and before any rank trains, where a run
 starts (a Start): from scratch, or from a checkpoint it checks against the
 example's resume key and this launch. gbrun.progress.Progress saves and
 restores the run with the file functions here: checkpoint.pt after every
-epoch and when stopped, model.pt at the end, metrics.jsonl. Checkpoints hold
+epoch and when stopped, model.pt at the end. Checkpoints hold
 tensors and plain data only, and load with weights_only=True.
 """
 import inspect
-import json
 import os
 import pickle
 from dataclasses import dataclass
@@ -19,7 +18,6 @@ from .cli import UsageError
 
 CHECKPOINT_FILE = "checkpoint.pt"
 MODEL_FILE = "model.pt"
-METRICS_FILE = "metrics.jsonl"
 REQUIRED = {"model", "optimizer", "epoch", "seed", "config"}
 # The part of a resume key that says how an epoch is cut into steps (the
 # batch size): compared only for a checkpoint saved inside an epoch, whose
@@ -256,8 +254,3 @@ def save_atomically(obj, path, save=None):
         os.fsync(directory)
     finally:
         os.close(directory)
-
-
-def append_metrics(directory, record):
-    with open(os.path.join(directory, METRICS_FILE), "a") as f:
-        f.write(json.dumps(record) + "\n")

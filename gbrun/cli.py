@@ -184,7 +184,13 @@ def python_file(text):
     return os.path.abspath(text)
 
 
-# What the scripts that train or read data as the example does take from it.
+# The example this repository ships, beside the package (requirements.txt
+# installs gbrun in editable mode): the default --example of every script
+# that trains or reads data as the example does.
+SHIPPED_EXAMPLE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    "node_classification.py")
+# What those scripts take from it.
 EXAMPLE_NAMES = ("FEATURE_KEYS", "LABEL_KEY", "LABELS", "METRIC",
                  "create_model", "create_optimizer", "resume_key",
                  "node_features", "evaluate", "train", "run", "parse_args")

@@ -1,6 +1,8 @@
-"""dgl.graphbolt, imported once with a one-line error where it cannot be:
-dgl 2.4+ refuses to import GraphBolt's CPU build next to a CUDA torch, and
-dgl 2.1-2.3 have no GraphBolt library for a torch they were not built for.
+"""dgl.graphbolt, imported once (`gb`). Where it cannot be imported, importing
+this module ends the process with one line and exit status 2 (gbrun.cli's
+refusal; every entry point imports it first for that): dgl 2.4+ refuses to
+import GraphBolt's CPU build next to a CUDA torch, and dgl 2.1-2.3 have no
+GraphBolt library for a torch they were not built for.
 
 Also the options that differ between GraphBolt releases, told apart by
 signature (never by version strings), and the one place that reads
@@ -10,8 +12,8 @@ batches_per_rank, with the releases read). tests/test_graphbolt_internals_still_
 fails loudly when a release lacks them.
 """
 import inspect
-import os
-import sys
+
+from .cli import fail
 
 # PyPI's torch 2.2.1 is a CUDA 12.1 build, PyPI's dgl a CPU-only one. DGL's
 # CUDA build of the same release comes from DGL's own wheel index.
@@ -36,12 +38,16 @@ def cannot_load(error):
             "CUDA_VISIBLE_DEVICES= python ...)")
 
 
-try:
-    import dgl.graphbolt as gb
-except (ImportError, FileNotFoundError) as error:
-    print(f"{os.path.basename(sys.argv[0])}: error: {cannot_load(error)}",
-          file=sys.stderr)
-    sys.exit(2)
+def import_graphbolt():
+    """dgl.graphbolt, or the process's end in one line (exit status 2)."""
+    try:
+        import dgl.graphbolt
+    except (ImportError, FileNotFoundError) as error:
+        fail(cannot_load(error))
+    return dgl.graphbolt
+
+
+gb = import_graphbolt()
 
 import numpy as np  # noqa: E402 (once GraphBolt, and so torch, loaded)
 import torch  # noqa: E402

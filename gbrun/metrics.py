@@ -1,4 +1,5 @@
 """torchmetrics across ranks where a rank has no items."""
+import functools
 import warnings
 
 import torch
@@ -23,11 +24,26 @@ def across_ranks(metric, device):
             "takes a torchmetrics Metric or MetricCollection")
     for part in parts:
         part.dist_sync_fn = gather_all_tensors
-    # A rank without items computes before any update, by design here.
-    warnings.filterwarnings(
-        "ignore", message=r"The ``compute`` method of metric .* was called "
-        "before the ``update`` method", category=UserWarning)
+    # A rank without items computes before any update, by design here: its
+    # warning is silenced in each compute() call, not in the process.
+    # torchmetrics wraps each instance's compute() the same way itself.
+    for part in {id(p): p for p in [metric, *parts]}.values():
+        part.compute = without_update_warning(part.compute)
     return metric.to(device)
+
+
+def without_update_warning(compute):
+    """`compute`, run without torchmetrics' warning that it was called
+    before update()."""
+    @functools.wraps(compute)
+    def call(*args, **kwargs):
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message=r"The ``compute`` method of metric .* was "
+                "called before the ``update`` method", category=UserWarning)
+            return compute(*args, **kwargs)
+
+    return call
 
 
 def gather_all_tensors(result, group=None):

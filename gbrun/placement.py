@@ -3,25 +3,15 @@ torch.index_select, pinned memory with an optional GPU cache, or the GPU."""
 import torch
 
 from .cli import UsageError
-from .datasets import node_keys
+from .data.datasets import node_keys
 from .graphbolt import gb, make_gpu_cache
 
-def place_dataset(job, storage, device, gpu_cache_size, feature_keys):
-    """The graph, the features and the item sets (train, validation, test)
-    this rank trains on: `job`'s GraphBolt dataset, with the graph and
-    features where --mode says (pinned features optionally fronted, for
-    those the model reads, `feature_keys`, by GPU caches of
-    `gpu_cache_size` bytes in all; see gpu_cached_store); or, on DGL's
-    distributed engine (job.dataset a gbrun.distributed.Partitions), the
-    DistGraph and this trainer's share of each split."""
-    if hasattr(job.dataset, "place"):
-        return job.dataset.place(device)
-    graph, features = place_graph(job.dataset, storage, device,
-                                  gpu_cache_size, feature_keys)
-    return graph, features, job.item_sets
-
-
 def place_graph(dataset, storage, device, gpu_cache_size, feature_keys):
+    """(graph, features) of GraphBolt's `dataset` where --mode says
+    (`storage` on `device`): CPU memory (features read with index_select),
+    pinned memory (optionally fronted, for the features the model reads,
+    `feature_keys`, by GPU caches of `gpu_cache_size` bytes in all; see
+    gpu_cached_store), or the GPU."""
     if storage == "cuda":
         return dataset.graph.to(device), dataset.feature.to(device)
     if storage == "cpu":

@@ -10,7 +10,8 @@ batches, and the result depends neither on sampling nor on the number of
 ranks or machines. On one machine the outputs of a layer are an (N, width)
 tensor on every rank, summed over the ranks from zeros (each node is
 written by exactly one rank, so the sum is exact); on DGL's distributed
-engine they are a DistTensor on the graph servers (see gbrun.distributed).
+engine they are a DistTensor on the graph servers (gbrun.sources.LayerOutputs
+says what each provides).
 On a graph of several node types, all of this is per node type (ids within
 the type), and the file holds the type the last layer outputs. Memory on
 one machine: two (N, width) float32 tensors per rank (per node type).
@@ -21,12 +22,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from . import sources
 from .batches import Batches
 from .checkpoint import save_atomically
 
 # What --predict writes for each kind of label (LABELS), checked before the
 # file is written: the class ids, or float scores / values.
-KINDS = {
+PREDICTIONS = {
     "class": ("int64 class ids, one per node", lambda p: p.dim() == 1
               and not p.is_floating_point()),
     "multi-hot": ("float32 scores, a row per node", lambda p: p.dim() == 2
@@ -58,21 +60,11 @@ class EveryNode:
     def __init__(self, job, graph, progress):
         self.rank, self.device = progress.rank, progress.device
         self.seed, self.upcast = progress.start.seed, progress.upcast
-        if hasattr(job.dataset, "every_node"):
-            # DGL's distributed engine: the partitions' share and storage.
-            self.item_set, self.types = job.dataset.every_node()
-        else:
-            # The dataset's own item set of every node (its names and dtype
-            # are the release's and the graph's; per node type for several).
-            self.item_set = job.dataset.all_nodes_set
-            counts = graph.num_nodes
-            if isinstance(counts, dict):
-                self.item_set = of_ids(self.item_set, counts,
-                                       graph.indices.dtype)
-            else:
-                counts = {None: counts}
-            self.types = {ntype: LocalOutputs(count, self.device)
-                          for ntype, count in counts.items()}
+        # This rank's share of every node, and where each type's outputs
+        # are kept (gbrun.sources.LayerOutputs): on every rank, or on DGL's
+        # graph servers.
+        self.item_set, self.types = sources.of(job.dataset).every_node(
+            graph, self.device)
         # This rank's (seed ids, outputs) of the current layer, per type
         # (None: a graph of one node type).
         self.rows = {}
@@ -191,7 +183,7 @@ class EveryNode:
         if self.rank != 0:
             return
         shared = self.last_layer()
-        what, fits = KINDS[labels]
+        what, fits = PREDICTIONS[labels]
         if not fits(predictions) or len(predictions) != shared.num_nodes:
             raise RuntimeError(
                 f"--predict: LABELS is '{labels}', so the predictions are "
@@ -213,51 +205,5 @@ class EveryNode:
               flush=True)
 
 
-def of_ids(item_set, counts, dtype):
-    """An ItemSetDict of every node of each type, as tensors of ids: dgl
-    2.1's DistributedItemSampler cannot index one of counts (the dataset's
-    all_nodes_set), and then hands every rank all of it, silently."""
-    from .graphbolt import gb
-
-    return gb.ItemSetDict({
-        ntype: gb.ItemSet(torch.arange(count, dtype=dtype),
-                          names=item_set.names)
-        for ntype, count in counts.items()})
-
-
 def of_type(ntype):
     return "" if ntype is None else f" of type '{ntype}'"
-
-
-class LocalOutputs:
-    """A layer's outputs of every node (of one type) on one machine: an
-    (N, width) tensor on every rank, each node's row written by the one rank
-    that computed it and summed over the ranks (exact: the others add
-    zeros)."""
-
-    def __init__(self, num_nodes, device):
-        self.num_nodes, self.device = num_nodes, device
-        self.previous = None
-
-    def read(self, nodes):
-        return self.previous[nodes.cpu()]
-
-    def exchange(self, ids, values, width):
-        full = torch.zeros(self.num_nodes, width)
-        full[ids] = values
-        if self.device.type == "cuda":
-            # NCCL reduces GPU tensors only.
-            gpu = full.to(self.device)
-            dist.all_reduce(gpu)
-            full = gpu.cpu()
-        else:
-            dist.all_reduce(full)
-        self.previous = full
-
-    def outputs(self, here):
-        return self.previous if here else self.previous[:0]
-
-    def dataset_ids(self):
-        """Row i of the outputs is node i of the dataset (of its type: a
-        graph of several types numbers each type's nodes from 0)."""
-        return torch.arange(self.num_nodes)

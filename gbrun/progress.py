@@ -32,11 +32,12 @@ from torch.nn.parallel import DistributedDataParallel
 from . import stop as stopping
 from .batches import Batches
 from .checkpoint import (
-    CHECKPOINT_FILE, MODEL_FILE, append_metrics, check_plain, cpu_state,
-    cpu_values, save_atomically,
+    CHECKPOINT_FILE, MODEL_FILE, check_plain, cpu_state, cpu_values,
+    save_atomically,
 )
 from .cli import UsageError
 from .launch import barrier
+from .records import append_metrics
 
 
 class Progress:

@@ -1,5 +1,10 @@
 """Stopping on SIGTERM or SIGINT (a scheduler's preemption, Ctrl-C): every
-rank stops at the same step boundary, and the run saves where it stopped."""
+rank stops at the same step boundary, and the run saves where it stopped.
+
+Module state: `_installed`, this process's StopSignal. Signal handlers
+belong to a process, so a process has one: gbrun.launch.run_rank installs
+it first thing in a rank, and gbrun.progress.Progress finds it with
+installed()."""
 import os
 import signal
 
@@ -8,7 +13,7 @@ import torch.distributed as dist
 
 
 TEST_HOOK = "TEST_SIGTERM_AT_CHECK"
-_installed = None  # this process's StopSignal (signal handlers are per process)
+_installed = None
 
 
 class Stopped(BaseException):

@@ -24,11 +24,11 @@ import sys
 import tempfile
 import time
 
-from gbrun.cli import ArgumentParser
+from gbrun.cli import SHIPPED_EXAMPLE, ArgumentParser
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLE = os.path.join(os.path.dirname(HERE), "node_classification.py")
-DISTRIBUTED = os.path.join(os.path.dirname(HERE), "distributed")
+SCRIPTS_DIR = os.path.dirname(os.path.abspath(__file__))
+EXAMPLE = SHIPPED_EXAMPLE
+DISTRIBUTED = os.path.join(os.path.dirname(SCRIPTS_DIR), "distributed")
 DIST_TRAINER = os.path.join(DISTRIBUTED, "dist_node_classification.py")
 QUICK = ["--epochs", "2", "--batch-size", "256", "--max-batches", "8",
          "--seed", "0"]
@@ -49,7 +49,8 @@ def skip_reason():
     """Why the GPU checks cannot run here, or None."""
     import torch
 
-    from gbrun.launch import INSTALL_CUDA_DGL, dgl_has_cuda
+    from gbrun.graphbolt import INSTALL_CUDA_DGL
+    from gbrun.plan import dgl_has_cuda
 
     if not torch.cuda.is_available():
         return "torch sees no CUDA device"
@@ -61,7 +62,7 @@ def skip_reason():
 def make_dataset(workdir):
     dataset = os.path.join(workdir, "data")
     subprocess.run(
-        [sys.executable, os.path.join(HERE, "make_synthetic_dataset.py"),
+        [sys.executable, os.path.join(SCRIPTS_DIR, "make_synthetic_dataset.py"),
          dataset, "--num-nodes", "20000"], check=True, capture_output=True)
     return dataset
 
@@ -111,7 +112,7 @@ def stop_and_resume(gpus, dataset, workdir):
 def distributed(gpus, dataset, workdir, *extra):
     """One machine on DGL's distributed engine: a graph server and one
     trainer per GPU of `gpus` (each on the GPU of its LOCAL_RANK, NCCL)."""
-    from gbrun.distributed import start_one_machine
+    from gbrun.dist.machine import start_one_machine
 
     parts = os.path.join(workdir, "parts")
     subprocess.run([sys.executable, os.path.join(DISTRIBUTED,

@@ -53,7 +53,8 @@ import sys
 
 import numpy as np
 
-from gbrun import ondisk
+from gbrun.data import inputs, ondisk
+from gbrun.data.labels import KINDS as LABEL_KINDS
 from gbrun.cli import ArgumentParser, int_at_least
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -71,11 +72,11 @@ def load_npy(path):
         except ValueError:
             array = np.load(path, allow_pickle=False)  # e.g. empty arrays cannot be mapped
     except FileNotFoundError:
-        raise ondisk.DatasetError(f"{path}: no such file") from None
+        raise inputs.DatasetError(f"{path}: no such file") from None
     except (OSError, ValueError, EOFError) as err:
-        raise ondisk.DatasetError(f"{path}: cannot read as a .npy array: {_one_line(err)}") from None
+        raise inputs.DatasetError(f"{path}: cannot read as a .npy array: {_one_line(err)}") from None
     if not isinstance(array, np.ndarray):
-        raise ondisk.DatasetError(f"{path}: expected a single .npy array, not an .npz archive")
+        raise inputs.DatasetError(f"{path}: expected a single .npy array, not an .npz archive")
     return array
 
 
@@ -89,9 +90,9 @@ def _is_npy(path):
         with open(path, "rb") as f:
             return f.read(len(NPY_MAGIC)) == NPY_MAGIC
     except FileNotFoundError:
-        raise ondisk.DatasetError(f"{path}: no such file") from None
+        raise inputs.DatasetError(f"{path}: no such file") from None
     except OSError as err:
-        raise ondisk.DatasetError(f"{path}: cannot read: {_one_line(err)}") from None
+        raise inputs.DatasetError(f"{path}: cannot read: {_one_line(err)}") from None
 
 
 def _is_number(text):
@@ -108,9 +109,9 @@ def _csv_layout(path):
         with open(path) as f:
             first = f.readline().strip()
     except UnicodeDecodeError:
-        raise ondisk.DatasetError(f"{path}: neither a .npy file nor a text CSV") from None
+        raise inputs.DatasetError(f"{path}: neither a .npy file nor a text CSV") from None
     if not first:
-        raise ondisk.DatasetError(f"{path}: empty first line, expected src,dst lines")
+        raise inputs.DatasetError(f"{path}: empty first line, expected src,dst lines")
     sep = "," if "," in first else ("\t" if "\t" in first else r"\s+")
     fields = first.split(",") if sep == "," else first.split()
     # A header is a first line that is not numbers, like "src,dst".
@@ -155,17 +156,17 @@ def load_edges_csv(path):
     try:
         frame = pd.read_csv(path, sep=sep, header=None, skiprows=skip, dtype=np.int64)
     except pd.errors.EmptyDataError:
-        raise ondisk.DatasetError(f"{path}: no edges") from None
+        raise inputs.DatasetError(f"{path}: no edges") from None
     except pd.errors.ParserError as err:
-        raise ondisk.DatasetError(f"{path}: cannot parse as CSV: {_one_line(err)}") from None
+        raise inputs.DatasetError(f"{path}: cannot parse as CSV: {_one_line(err)}") from None
     except UnicodeDecodeError as err:
-        raise ondisk.DatasetError(f"{path}: not a text file: {_one_line(err)}") from None
+        raise inputs.DatasetError(f"{path}: not a text file: {_one_line(err)}") from None
     except (ValueError, TypeError, OverflowError):
-        raise ondisk.DatasetError(f"{path}: {_first_bad_csv_line(pd, path, sep, skip)}") from None
+        raise inputs.DatasetError(f"{path}: {_first_bad_csv_line(pd, path, sep, skip)}") from None
     if frame.shape[1] != 2:
-        raise ondisk.DatasetError(f"{path}: expected 2 columns (src, dst), got {frame.shape[1]}")
+        raise inputs.DatasetError(f"{path}: expected 2 columns (src, dst), got {frame.shape[1]}")
     if any(dtype != np.int64 for dtype in frame.dtypes):  # e.g. uint64 for ids >= 2**63
-        raise ondisk.DatasetError(f"{path}: {_first_bad_csv_line(pd, path, sep, skip)}")
+        raise inputs.DatasetError(f"{path}: {_first_bad_csv_line(pd, path, sep, skip)}")
     return frame.to_numpy().T
 
 
@@ -178,7 +179,7 @@ def load_edges(path):
         return edges
     if edges.ndim == 2 and edges.shape[1] == 2:
         return edges.T  # a view; the writer transposes block by block
-    raise ondisk.DatasetError(f"{path}: expected edges of shape (2, E) or (E, 2), got {edges.shape}")
+    raise inputs.DatasetError(f"{path}: expected edges of shape (2, E) or (E, 2), got {edges.shape}")
 
 
 # ------------------------------------------------------------ the command
@@ -207,8 +208,8 @@ def parse_args(argv=None):
     parser.add_argument("--train-idx", help="train node ids .npy")
     parser.add_argument("--val-idx", help="validation node ids .npy")
     parser.add_argument("--test-idx", help="test node ids .npy")
-    parser.add_argument("--split", type=ondisk.split_argument, help="random train,val,test fractions (default 0.6,0.2,0.2)")
-    parser.add_argument("--label-kind", choices=ondisk.LABEL_KINDS,
+    parser.add_argument("--split", type=inputs.split_argument, help="random train,val,test fractions (default 0.6,0.2,0.2)")
+    parser.add_argument("--label-kind", choices=LABEL_KINDS,
                         help="what --labels holds (default: class for (N,), multi-hot for (N, C))")
     parser.add_argument("--num-classes", type=int_at_least(1), help="number of classes (default: max label + 1)")
     parser.add_argument("--add-reverse-edges", action="store_true", help="make every edge go both ways")
@@ -280,17 +281,17 @@ def load_splits(args, num_nodes):
     """(train, val, test) node ids: from the index files or a random split."""
     if args.split is None:
         return tuple(load_npy(path) for path in (args.train_idx, args.val_idx, args.test_idx))
-    return ondisk.split_nodes(num_nodes, args.split, seed=args.seed)
+    return inputs.split_nodes(num_nodes, args.split, seed=args.seed)
 
 
 def convert_hetero(args):
     """Several node and edge types: read, and write with the checks of
     ondisk.write_hetero_dataset."""
     if os.path.lexists(args.out_dir) and not args.force:
-        raise ondisk.DatasetError(f"{args.out_dir}: already exists; use --force to replace it")
+        raise inputs.DatasetError(f"{args.out_dir}: already exists; use --force to replace it")
     num_nodes = dict(args.node_type)
     if args.target not in num_nodes:
-        raise ondisk.DatasetError(
+        raise inputs.DatasetError(
             f"--target {args.target}: not one of the node types: {', '.join(sorted(num_nodes))}")
     edges = {etype: load_edges(path) for etype, path in args.edge_type}
     features = {ntype: load_npy(path) for ntype, path in args.type_features}
@@ -311,21 +312,21 @@ def convert(args):
         names.update(train=args.train_idx, validation=args.val_idx, test=args.test_idx)
     else:
         names.update(train="--split (train)", validation="--split (val)", test="--split (test)")
-    names = ondisk.display_names(names)
+    names = inputs.display_names(names)
     if os.path.lexists(args.out_dir) and not args.force:  # before reading big files
-        raise ondisk.DatasetError(f"{args.out_dir}: already exists; use --force to replace it")
+        raise inputs.DatasetError(f"{args.out_dir}: already exists; use --force to replace it")
     features = load_npy(args.features)
     extra_features = {name: load_npy(path) for name, path in args.feature}
     labels = load_npy(args.labels)
     edges = load_edges(args.edges)
     if args.add_reverse_edges or args.drop_self_loops:
         # The transforms need valid ids; the writer checks everything again.
-        ondisk.check_features(features, names)
-        ondisk.check_edges(edges, features.shape[0], names)
+        inputs.check_features(features, names)
+        inputs.check_edges(edges, features.shape[0], names)
         if args.drop_self_loops:
-            edges = ondisk.drop_self_loops(edges)
+            edges = inputs.drop_self_loops(edges)
         if args.add_reverse_edges:
-            edges = ondisk.add_reverse_edges(edges)
+            edges = inputs.add_reverse_edges(edges)
     train, val, test = load_splits(args, features.shape[0] if features.ndim else 0)
     return ondisk.write_ondisk_dataset(
         args.out_dir, edges, features, labels, train, val, test,
@@ -338,7 +339,7 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         summary = convert(args)
-    except ondisk.DatasetError as err:
+    except inputs.DatasetError as err:
         print(f"convert_to_ondisk.py: error: {err}", file=sys.stderr)
         return ERROR_EXIT
     sizes = summary["split_sizes"]

@@ -28,7 +28,7 @@ import sys
 
 import numpy as np
 
-from gbrun import ondisk
+from gbrun.data import inputs, ondisk
 from gbrun.cli import ArgumentParser, int_at_least, positive_float
 
 # Fraction of edges whose two ends share a class.
@@ -61,7 +61,7 @@ def make_features(rng, classes, num_classes, feat_dim, noise_scale):
     noise_std = noise_scale * np.sqrt(feat_dim)
     features = rng.standard_normal((classes.shape[0], feat_dim), dtype=np.float32)
     features *= noise_std
-    rows = max(1, ondisk.BLOCK_ELEMENTS // feat_dim)
+    rows = max(1, inputs.BLOCK_ELEMENTS // feat_dim)
     for start in range(0, classes.shape[0], rows):  # blocks: no N x F temporary
         features[start : start + rows] += centroids[classes[start : start + rows]]
     # Unit-length rows on average, so a fresh model's logits start near zero
@@ -100,7 +100,7 @@ def make_dataset(
     features = make_features(rng, classes, num_classes, feat_dim, noise_scale)
     num_edges = int(round(num_nodes * avg_degree))
     src, dst = make_edges(rng, classes, num_classes, num_edges, homophily)
-    return ondisk.drop_self_loops(np.stack([src, dst])), features, labels
+    return inputs.drop_self_loops(np.stack([src, dst])), features, labels
 
 
 # --hetero: users (the target, with labels) and half as many items. A
@@ -136,13 +136,13 @@ def make_hetero_dataset(num_users, avg_degree, feat_dim, num_classes, seed,
 def write_hetero(parser, args):
     num_nodes, edges, features, labels = make_hetero_dataset(
         args.num_nodes, args.avg_degree, args.feat_dim, args.num_classes, args.seed)
-    train, val, test = ondisk.split_nodes(args.num_nodes, args.split, seed=args.seed + 1)
+    train, val, test = inputs.split_nodes(args.num_nodes, args.split, seed=args.seed + 1)
     try:
         summary = ondisk.write_hetero_dataset(
             args.out_dir, num_nodes, edges, labels, train, val, test, "user",
             features=features, num_classes=args.num_classes, name="synthetic-hetero",
             force=args.force)
-    except ondisk.DatasetError as err:
+    except inputs.DatasetError as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         sys.exit(2)
     sizes = summary["split_sizes"]
@@ -158,7 +158,7 @@ def parse_args(argv=None):
     parser.add_argument("--avg-degree", type=positive_float, default=10, help="average in-degree")
     parser.add_argument("--feat-dim", type=int_at_least(1), default=100)
     parser.add_argument("--num-classes", type=int_at_least(2), default=10)
-    parser.add_argument("--split", type=ondisk.split_argument, default=(0.6, 0.2, 0.2), help="train,val,test fractions")
+    parser.add_argument("--split", type=inputs.split_argument, default=(0.6, 0.2, 0.2), help="train,val,test fractions")
     parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     parser.add_argument("--hetero", action="store_true",
@@ -178,13 +178,13 @@ def main(argv=None):
         args.num_nodes, args.avg_degree, args.feat_dim, args.num_classes, args.seed
     )
     # The split seed differs from the generator seed only to keep streams apart.
-    train, val, test = ondisk.split_nodes(args.num_nodes, args.split, seed=args.seed + 1)
+    train, val, test = inputs.split_nodes(args.num_nodes, args.split, seed=args.seed + 1)
     try:
         summary = ondisk.write_ondisk_dataset(
             args.out_dir, edges, features, labels, train, val, test,
             num_classes=args.num_classes, name="synthetic", force=args.force,
         )
-    except ondisk.DatasetError as err:
+    except inputs.DatasetError as err:
         # Bad data, not bad usage: one line and exit 2, as convert_to_ondisk.py.
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         sys.exit(2)

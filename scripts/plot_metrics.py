@@ -12,8 +12,7 @@ import json
 import os
 
 from gbrun.cli import ArgumentParser, fail
-
-METRICS_FILE = "metrics.jsonl"
+from gbrun.records import METRICS_FILE
 
 
 def read_epochs(run_dir):

@@ -18,14 +18,14 @@ def synthetic(tmp_path_factory):
 
     def make(name, *args):
         if name not in made:
-            import gbrun.datasets
+            import gbrun.data.datasets
 
             out = tmp_path_factory.mktemp("data") / name
             made[name] = make_synthetic(out, *args)
             # GraphBolt preprocesses a dataset on its first load, writing
             # into its directory: done here once, so that runs side by side
             # never race to write it.
-            gbrun.datasets.load_dataset(made[name])
+            gbrun.data.datasets.load_dataset(made[name])
         return made[name]
 
     return make
@@ -56,7 +56,7 @@ def multi_label_dataset(tmp_path_factory):
     "degree"; features and edges carry each node's main class."""
     import numpy as np
 
-    from gbrun import ondisk
+    from gbrun.data import inputs, ondisk
 
     rng = np.random.default_rng(0)
     num_nodes, num_classes = 3000, 5
@@ -72,14 +72,14 @@ def multi_label_dataset(tmp_path_factory):
     src = rng.integers(0, num_nodes, 30000)
     src[same] = [rng.choice(by_class[main[d]]) for d in dst[same]]
     degree = np.bincount(dst, minlength=num_nodes).astype(np.float32)[:, None]
-    train, val, test = ondisk.split_nodes(num_nodes, (0.6, 0.2, 0.2), seed=1)
+    train, val, test = inputs.split_nodes(num_nodes, (0.6, 0.2, 0.2), seed=1)
     out = str(tmp_path_factory.mktemp("data") / "multi_label")
     ondisk.write_ondisk_dataset(
         out, np.stack([src, dst]), features, labels, train, val, test,
         extra_features={"degree": np.log1p(degree)})
-    import gbrun.datasets
+    import gbrun.data.datasets
 
-    gbrun.datasets.load_dataset(out)  # preprocessed once, here
+    gbrun.data.datasets.load_dataset(out)  # preprocessed once, here
     return out
 
 

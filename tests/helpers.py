@@ -297,7 +297,7 @@ def run_gloo_group(fn, world_size, tmp_path, *args, timeout=120):
     import torch
     import torch.multiprocessing as mp
 
-    from gbrun.launch import free_port
+    from gbrun.plan import free_port
 
     context = mp.spawn(
         _gloo_worker,
@@ -323,11 +323,11 @@ def run_gloo_group(fn, world_size, tmp_path, *args, timeout=120):
 def cpu_plan(args, world_size=1):
     """The plan of `world_size` CPU ranks launched here with `args` (the
     example's load_job and run() take one)."""
-    from gbrun import launch
+    from gbrun import plan as planning
 
     gpus = ",".join(str(i) for i in range(world_size))
-    return launch.plan_run(args, gpus, 0, {}, dataclasses.replace(
-        launch.detect_machine(args.precision), cuda=False))
+    return planning.plan_run(args, gpus, 0, {}, dataclasses.replace(
+        planning.detect_machine(args.precision), cuda=False))
 
 
 def with_plan(args, world_size=1):

@@ -95,11 +95,11 @@ def test_workers_where_sampling_runs_on_the_gpu_spawn_nothing(
         small_dataset, capsys, monkeypatch, nothing_spawned, mode):
     # A machine whose torch and DGL both have CUDA, so that the mode itself
     # is not what is refused.
-    import gbrun.launch
+    import gbrun.plan
     import node_classification
 
-    monkeypatch.setattr(gbrun.launch, "detect_machine",
-                        lambda precision: gbrun.launch.Machine(True, True, 2, 2))
+    monkeypatch.setattr(gbrun.plan, "detect_machine",
+                        lambda precision: gbrun.plan.Machine(True, True, 2, 2))
     with pytest.raises(SystemExit) as exit_info:
         node_classification.main(["--dataset", small_dataset, "--gpu=0,1",
                                   "--batch-size", "64", "--num-workers", "1",
@@ -193,11 +193,11 @@ def test_the_item_sets_are_the_tasks_own(small_dataset):
     # (a test set built from the validation split trains and reports fine).
     import torch
 
-    import gbrun.datasets
+    import gbrun.data.datasets
     import node_classification as nc
 
     job = nc.load_job(*with_plan(nc.parse_args(["--dataset", small_dataset])))
-    task = gbrun.datasets.load_dataset(small_dataset).tasks[0]
+    task = gbrun.data.datasets.load_dataset(small_dataset).tasks[0]
     for item_set, split in zip(job.item_sets, (task.train_set,
                                                task.validation_set,
                                                task.test_set)):

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 import gbrun.checkpoint
-import gbrun.datasets
-import gbrun.dropout
-import gbrun.products
-import gbrun.launch as launch
+import gbrun.data.datasets
+import gbrun.cpu.dropout
+import gbrun.cpu.products
+import gbrun.plan as planning
 import gbrun.stop
 import node_classification as nc
 from helpers import (
@@ -26,10 +26,10 @@ from helpers import (
 def test_the_ranks_get_the_features_in_bf16_converted_once(small_dataset):
     args = nc.parse_args(["--dataset", small_dataset, "--precision", "bf16"])
     job = nc.load_job(args, cpu_plan(args, 1))
-    feat = job.dataset.feature.read(*gbrun.datasets.node_key(nc.FEATURE_KEYS[0]))
+    feat = job.dataset.feature.read(*gbrun.data.datasets.node_key(nc.FEATURE_KEYS[0]))
     assert feat.dtype == torch.bfloat16
     fp32 = nc.load_job(*with_plan(nc.parse_args(["--dataset", small_dataset])))
-    exact = fp32.dataset.feature.read(*gbrun.datasets.node_key(nc.FEATURE_KEYS[0]))
+    exact = fp32.dataset.feature.read(*gbrun.data.datasets.node_key(nc.FEATURE_KEYS[0]))
     assert exact.dtype == torch.float32
     assert torch.allclose(feat.float(), exact, rtol=1e-2, atol=1e-3)
     assert job.start.key["precision"] == "bf16"
@@ -71,8 +71,8 @@ def _autocast_run(rank, dataset_dir, log_dir):
          "--batch-size", "64", "--fanout", "5,5,5", "--seed", "1",
          "--log-dir", log_dir]
     )
-    machine = launch.Machine(False, False, 0, 1, cpu_bf16=True)
-    plan = launch.plan_run(args, args.gpu, args.num_workers, {}, machine)
+    machine = planning.Machine(False, False, 0, 1, cpu_bf16=True)
+    plan = planning.plan_run(args, args.gpu, args.num_workers, {}, machine)
     job = nc.load_job(args, cpu_plan(args, 1))
     forwards, grads, models, create_model = [], set(), [], nc.create_model
 
@@ -90,12 +90,12 @@ def _autocast_run(rank, dataset_dir, log_dir):
     gbrun.stop.install(torch.device("cpu"), None)
     nc.run(rank, plan, args, job)
     records = [json.loads(line)
-               for line in open(f"{log_dir}/{gbrun.checkpoint.METRICS_FILE}")]
+               for line in open(f"{log_dir}/{gbrun.records.METRICS_FILE}")]
     linears = {type(module) for module in models[0].modules()
                if isinstance(module, torch.nn.Linear)}
     relu_dropouts = {type(module) for module in models[0].modules()
-                     if isinstance(module, gbrun.dropout.ReLUDropout)
-                     or gbrun.dropout.is_relu_then_dropout(module)}
+                     if isinstance(module, gbrun.cpu.dropout.ReLUDropout)
+                     or gbrun.cpu.dropout.is_relu_then_dropout(module)}
     return plan, forwards, grads, records, linears, relu_dropouts
 
 
@@ -113,7 +113,7 @@ def test_autocast_runs_the_model_in_bf16_with_fp32_gradients(
         [(False, torch.bfloat16, torch.bfloat16)] * 4), forwards
     assert grads == {torch.float32}
     assert 0 < records[0]["loss"] < 10 and "test_accuracy" in records[1]
-    # Its products split into recurring shapes (gbrun.products.split_products), and
-    # its ReLU then dropout in one pass (gbrun.dropout.fuse_dropout).
-    assert linears == {gbrun.products.Linear}
-    assert relu_dropouts == {gbrun.dropout.ReLUDropout}
+    # Its products split into recurring shapes (gbrun.cpu.products.split_products), and
+    # its ReLU then dropout in one pass (gbrun.cpu.dropout.fuse_dropout).
+    assert linears == {gbrun.cpu.products.Linear}
+    assert relu_dropouts == {gbrun.cpu.dropout.ReLUDropout}

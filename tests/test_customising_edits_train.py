@@ -15,7 +15,7 @@ import torch
 import yaml
 
 import gbrun.checkpoint
-import gbrun.datasets
+import gbrun.data.datasets
 from helpers import (
     DISTRIBUTED,
     cpu_plan,
@@ -201,7 +201,7 @@ def test_macro_f1_is_exact_over_ranks_one_without_items(tmp_path, short_runs):
                      run.stdout, re.M), run.stdout
     assert re.search(r"^Test Macro-F1 \d\.\d{4}$", run.stdout, re.M)
     records = [json.loads(line) for line in
-               open(out / "logs" / gbrun.checkpoint.METRICS_FILE)]
+               open(out / "logs" / gbrun.records.METRICS_FILE)]
     reported = [records[0]["val_macro-f1"], records[1]["test_macro-f1"]]
 
     # The same model over every validation and test node, in this process.
@@ -279,7 +279,7 @@ def test_several_node_and_edge_types_learn_exactly_resume_and_predict(
 
     # The accuracy in metrics.jsonl is the one over every user.
     records = [json.loads(line) for line in
-               open(tmp_path / "logs" / gbrun.checkpoint.METRICS_FILE)]
+               open(tmp_path / "logs" / gbrun.records.METRICS_FILE)]
     reported = [records[-2]["val_accuracy"], records[-1]["test_accuracy"]]
     module = load(copy, "hetero_example")
     predictions = Predictions(module, dataset, tmp_path / "u")
@@ -303,7 +303,7 @@ def test_several_node_and_edge_types_learn_exactly_resume_and_predict(
     job = module.load_job(args, cpu_plan(args, 1))
     for ntype, keys in module.FEATURE_KEYS.items():
         feature = job.dataset.feature.read(
-            *gbrun.datasets.node_key(keys[0], ntype))
+            *gbrun.data.datasets.node_key(keys[0], ntype))
         assert feature.dtype == torch.bfloat16, ntype
 
     # A TARGET without the labels, refused naming both types.
@@ -440,7 +440,7 @@ def test_auroc_is_exact_over_ranks_one_without_items_on_two_features(
     assert run.returncode == 0, run.stderr[-3000:]
     assert re.search(r"^Test AUROC \d\.\d{4}$", run.stdout, re.M), run.stdout
     records = [json.loads(line) for line in
-               open(out / "logs" / gbrun.checkpoint.METRICS_FILE)]
+               open(out / "logs" / gbrun.records.METRICS_FILE)]
     reported = [records[0]["val_auroc"], records[1]["test_auroc"]]
 
     import torchmetrics
@@ -526,7 +526,7 @@ def value_dataset(tmp_path_factory):
     latent. 60 validation nodes: with batch 64, rank 1 scores none."""
     import numpy as np
 
-    from gbrun import ondisk
+    from gbrun.data import inputs, ondisk
 
     rng = np.random.default_rng(0)
     num_nodes = 3000
@@ -537,7 +537,7 @@ def value_dataset(tmp_path_factory):
     target = (latent + sums / counts).astype(np.float32)
     features = (latent[:, None] + rng.normal(0, 0.5, (num_nodes, 8))
                 ).astype(np.float32)
-    train, val, test = ondisk.split_nodes(num_nodes, (0.8, 0.02, 0.18), seed=1)
+    train, val, test = inputs.split_nodes(num_nodes, (0.8, 0.02, 0.18), seed=1)
     out = str(tmp_path_factory.mktemp("data") / "values")
     ondisk.write_ondisk_dataset(out, np.stack([src, dst]), features, target,
                                 train, val, test, kind="value")
@@ -568,7 +568,7 @@ def test_node_regression_is_exact_over_ranks_and_predicts(
 
     # The MAE in metrics.jsonl is the one over every prediction.
     records = [json.loads(line) for line in
-               open(tmp_path / "logs" / gbrun.checkpoint.METRICS_FILE)]
+               open(tmp_path / "logs" / gbrun.records.METRICS_FILE)]
     reported = [records[-2]["val_mae"], records[-1]["test_mae"]]
     predictions = Predictions(load(copy, "regression_example"),
                               value_dataset, tmp_path / "u")

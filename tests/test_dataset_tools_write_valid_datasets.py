@@ -1,4 +1,4 @@
-"""Tests of the dataset tools: gbrun/ondisk.py and its two command lines.
+"""Tests of the dataset tools: gbrun/data/ondisk.py and its two command lines.
 
 The converter's command line runs as a subprocess, exactly as a user runs
 it, in one test (the generator's runs for every dataset conftest makes);
@@ -27,7 +27,7 @@ NUM_NODES = 40
 
 import convert_to_ondisk
 import make_synthetic_dataset
-from gbrun import ondisk
+from gbrun.data import inputs, ondisk
 
 MAINS = {CONVERT: convert_to_ondisk.main, SYNTHETIC: make_synthetic_dataset.main}
 
@@ -494,7 +494,7 @@ def test_interrupted_swap_keeps_old_dataset(tmp_path, monkeypatch, step, error):
 
     monkeypatch.setattr(ondisk.os, "rename", rename)
     if isinstance(error, OSError):
-        raised = pytest.raises(ondisk.DatasetError, match="cannot move the new dataset into place")
+        raised = pytest.raises(inputs.DatasetError, match="cannot move the new dataset into place")
     else:
         raised = pytest.raises(KeyboardInterrupt)
     with raised:
@@ -546,22 +546,22 @@ def test_warnings_for_isolated_nodes_and_absent_classes(tmp_path):
 
 def test_edge_transforms():
     edges = np.array([[0, 1, 1, 2, 2], [1, 0, 1, 0, 0]])
-    assert pair_set(ondisk.drop_self_loops(edges)) == {(0, 1), (1, 0), (2, 0)}
-    both = ondisk.add_reverse_edges(edges)
+    assert pair_set(inputs.drop_self_loops(edges)) == {(0, 1), (1, 0), (2, 0)}
+    both = inputs.add_reverse_edges(edges)
     assert both.shape == (2, 5)  # duplicates and already-reversed pairs once
     assert pair_set(both) == {(0, 1), (1, 0), (1, 1), (2, 0), (0, 2)}
 
 
 def test_split_nodes():
-    train, val, test = ondisk.split_nodes(10, (0.5, 0.3, 0.2), seed=3)
+    train, val, test = inputs.split_nodes(10, (0.5, 0.3, 0.2), seed=3)
     assert (len(train), len(val), len(test)) == (5, 3, 2)
     assert sorted(np.concatenate([train, val, test]).tolist()) == list(range(10))
-    partial = ondisk.split_nodes(10, (0.5, 0.1, 0.1), seed=3)
+    partial = inputs.split_nodes(10, (0.5, 0.1, 0.1), seed=3)
     assert sum(len(ids) for ids in partial) == 7
-    with pytest.raises(ondisk.DatasetError, match="sum to"):
-        ondisk.split_nodes(10, (0.7, 0.2, 0.2))
-    with pytest.raises(ondisk.DatasetError, match=">= 0"):
-        ondisk.split_nodes(10, (1.1, -0.1, 0.0))
+    with pytest.raises(inputs.DatasetError, match="sum to"):
+        inputs.split_nodes(10, (0.7, 0.2, 0.2))
+    with pytest.raises(inputs.DatasetError, match=">= 0"):
+        inputs.split_nodes(10, (1.1, -0.1, 0.0))
 
 
 # ---------------------------------------------------------------- synthetic

@@ -3,14 +3,14 @@
 GraphBolt (dgl 2.1.0) decides whether to preprocess a dataset again by
 hashing its files under their paths as given, so `data/x`, `../data/x`, an
 absolute path or a symlink each made it rebuild `preprocessed/`.
-gbrun.datasets.load_dataset hands it the real path instead.
+gbrun.data.datasets.load_dataset hands it the real path instead.
 """
 import os
 
 import numpy as np
 
-import gbrun.datasets
-from gbrun import ondisk
+import gbrun.data.datasets
+from gbrun.data import inputs, ondisk
 
 
 def preprocessed_files(dataset):
@@ -31,13 +31,13 @@ def test_one_dataset_under_four_spellings_is_preprocessed_once(tmp_path, monkeyp
     ondisk.write_ondisk_dataset(
         str(dataset), rng.integers(0, num_nodes, (2, 1000)),
         rng.random((num_nodes, 4), dtype=np.float32),
-        rng.integers(0, 2, num_nodes), *ondisk.split_nodes(num_nodes, (0.6, 0.2, 0.2), 0),
+        rng.integers(0, 2, num_nodes), *inputs.split_nodes(num_nodes, (0.6, 0.2, 0.2), 0),
     )
     (tmp_path / "sub").mkdir()
     os.symlink(dataset, tmp_path / "link")
 
     monkeypatch.chdir(tmp_path)
-    gbrun.datasets.load_dataset("data/x")
+    gbrun.data.datasets.load_dataset("data/x")
     first = preprocessed_files(dataset)
     assert any(name.endswith("metadata.yaml") for name in first), first
 
@@ -45,7 +45,7 @@ def test_one_dataset_under_four_spellings_is_preprocessed_once(tmp_path, monkeyp
                  (".", "./data//x/")]
     for cwd, spelling in spellings:
         monkeypatch.chdir(tmp_path / cwd)
-        loaded = gbrun.datasets.load_dataset(spelling)
+        loaded = gbrun.data.datasets.load_dataset(spelling)
         assert len(loaded.tasks[0].train_set) == 120
         assert preprocessed_files(dataset) == first, (
             f"loading {spelling!r} from {cwd}/ rewrote preprocessed/"

@@ -387,10 +387,10 @@ def test_partition_outputs(partitions):
     # without them) and labels, in its partitioned order.
     import dgl
 
-    import gbrun.datasets
-    import gbrun.distributed
+    import gbrun.data.datasets
+    import gbrun.dist.files
 
-    dataset = gbrun.datasets.load_dataset(partitions["dataset"])
+    dataset = gbrun.data.datasets.load_dataset(partitions["dataset"])
     feat = dataset.feature.read("node", None, "feat")
     label = dataset.feature.read("node", None, "label").reshape(-1)
     train = dataset.tasks[0].train_set[:][0]
@@ -406,8 +406,8 @@ def test_partition_outputs(partitions):
                 if name.startswith(".features")]
     # The trainer's Job holds the dataset's item sets, renumbered as the
     # partitions number the nodes.
-    item_sets = gbrun.distributed.load_item_sets(partitions["out"])
-    for split, item_set in zip(gbrun.datasets.SPLITS, item_sets):
+    item_sets = gbrun.dist.files.load_item_sets(partitions["out"])
+    for split, item_set in zip(gbrun.data.datasets.SPLITS, item_sets):
         seeds, labels = item_set[:]
         expected_seeds, expected_labels = getattr(dataset.tasks[0], split)[:]
         assert torch.equal(orig_nids[seeds], expected_seeds)
@@ -862,9 +862,9 @@ def test_predictions_of_every_node_in_the_datasets_ids(namespaces,
 
 
 def gb_dataset(path):
-    import gbrun.datasets
+    import gbrun.data.datasets
 
-    return gbrun.datasets.load_dataset(path)
+    return gbrun.data.datasets.load_dataset(path)
 
 
 # --- Failures end the job, promptly and cleanly ---------------------------------
@@ -1009,7 +1009,7 @@ def test_every_failure_ends_a_tools_launch_job_leaving_nothing(
         args += ["--hang-after-batches", 3, "--fail-rank", 3]
         # Where it hangs: in the loader, under the loop of the example.
         cause = re.compile(r"rank 3 failed: no batch for 10 s \(--progress-"
-                           r"timeout\), at \S+distributed.py:\d+ in each <- "
+                           r"timeout\), at \S+loader.py:\d+ in each <- "
                            r"\S+node_classification.py:\d+ in train")
     short = pathlib.Path(tempfile.mkdtemp(prefix="tl", dir="/tmp"))
     proc = start_launcher(partitions["part_config"], 2, args, tmp_path,
@@ -1085,7 +1085,7 @@ def test_a_failed_trainer_ends_its_job_under_tools_launch(tmp_path, dataset):
                        ["--dataset", dataset, "--num-parts", 1, "--out",
                         tmp_path / "one"])
     assert parts.returncode == 0, parts.stderr
-    from gbrun.distributed import start_one_machine
+    from gbrun.dist.machine import start_one_machine
 
     marker = f"LAUNCH_TEST={os.getpid()}".encode()
     server, trainer = start_one_machine(
@@ -1128,7 +1128,7 @@ def segments_since(started, directory="/dev/shm"):
     """The names in `directory` of DGL's shared memory (the synthetic
     graph's, features, GraphBolt's) written since `started` (a time.time()):
     those a job left (one that reused an older leftover's name wrote it)."""
-    from gbrun.distributed import DGL_SEGMENT
+    from gbrun.dist.cleanup import DGL_SEGMENT
 
     return sorted(
         name for name in os.listdir(directory)
@@ -1219,7 +1219,7 @@ def test_node_regression_trains_on_two_machines(namespaces, dataset,
         pytest.skip(missing_prerequisite())
     import numpy as np
 
-    from gbrun import ondisk
+    from gbrun.data import ondisk
 
     read = lambda name: np.load(os.path.join(dataset, name))  # noqa: E731
     target = read("node_label.npy").astype(np.float32)
@@ -1260,7 +1260,7 @@ def test_several_node_types_train_and_predict_on_two_machines(
     (scoring the printed test accuracy)."""
     import numpy as np
 
-    import gbrun.datasets
+    import gbrun.data.datasets
     from test_customising_edits_train import HETERO_FLOOR
 
     example = edited_copy(tmp_path, "hetero")
@@ -1274,12 +1274,12 @@ def test_several_node_types_train_and_predict_on_two_machines(
     # partitions' order (node_map: a type's ranges, its ids end to end).
     import dgl
 
-    dataset = gbrun.datasets.load_dataset(hetero_dataset)
+    dataset = gbrun.data.datasets.load_dataset(hetero_dataset)
     with open(part_config) as f:
         config = json.load(f)
     orig_nids = torch.load(tmp_path / "parts" / "orig_nids.pt")
     for ntype in ("user", "item"):
-        feat = dataset.feature.read(*gbrun.datasets.node_key("feat", ntype))
+        feat = dataset.feature.read(*gbrun.data.datasets.node_key("feat", ntype))
         first = 0
         for part, (start, end) in enumerate(config["node_map"][ntype]):
             data = dgl.data.utils.load_tensors(os.path.join(
@@ -1290,15 +1290,15 @@ def test_several_node_types_train_and_predict_on_two_machines(
         assert first == len(feat)
     # What a model with a learned vector per node reads of them (the edit
     # for a node type without features).
-    from gbrun.distributed import Partitions
+    from gbrun.dist.partitions import Partitions
 
     with open(tmp_path / "parts" / "dataset_info.json") as f:
         info = json.load(f)
     assert (info["target"], info["features"]) == (
         "user", {"user": {"feat": 16}, "item": {"feat": 8}})
     partitions = Partitions("hetero", part_config, node_types=info)
-    assert gbrun.datasets.num_nodes(partitions) == {"user": 3000, "item": 1500}
-    assert gbrun.datasets.edge_types(partitions) == gbrun.datasets.edge_types(
+    assert gbrun.sources.num_nodes(partitions) == {"user": 3000, "item": 1500}
+    assert gbrun.sources.edge_types(partitions) == gbrun.sources.edge_types(
         dataset)
 
     (tmp_path / "logs").mkdir()
@@ -1366,7 +1366,7 @@ def test_several_node_types_train_and_predict_on_two_machines(
 def test_a_loader_of_several_node_types_takes_positions_end_to_end():
     """DistLoader's passes over {node type: ids}: positions start..end of
     the types end to end (a resumed pass starts at a step)."""
-    from gbrun.distributed import num_items, take
+    from gbrun.dist.loader import num_items, take
 
     parts = [("user", torch.arange(5)), ("item", torch.arange(10, 13))]
     assert num_items(dict(parts)) == 8 and num_items(torch.arange(4)) == 4
@@ -1385,7 +1385,9 @@ def test_a_trainers_failure_is_reported_once(capfd, monkeypatch):
     thread fails on the queue the sampler answered on, a consequence. Of
     the two, the first reports and the other is left out (CI once printed
     both: "rank 3 failed" twice)."""
-    import gbrun.distributed
+    import threading
+
+    import gbrun.dist.watch
     import gbrun.launch
     import node_classification as nc
     from helpers import cpu_plan
@@ -1396,30 +1398,33 @@ def test_a_trainers_failure_is_reported_once(capfd, monkeypatch):
     def run(rank, plan, args, job):
         raise RuntimeError("the dead sampler's queue")
 
-    # The watch reported first (it holds the report): the main thread's
-    # error is not printed.
-    with gbrun.launch.FAILURE_REPORT:
+    # The watch and the main thread share one report, as the distributed
+    # trainer makes them. The watch reported first (it holds the report):
+    # the main thread's error is not printed.
+    report = threading.Lock()
+    with report:
         with pytest.raises(RuntimeError):
-            gbrun.launch.run_rank(0, run, plan, args, None)
+            gbrun.launch.run_rank(0, run, plan, args, None, report=report)
     assert "failed" not in capfd.readouterr().err
     # The main thread reports first: the watch stays silent (and leaves
     # the exit to it).
     exits = []
-    monkeypatch.setattr(gbrun.distributed, "fail_fast",
+    monkeypatch.setattr(gbrun.dist.watch, "fail_fast",
                         lambda *args, **kwargs: exits.append(args))
-    watch = gbrun.distributed.TrainerWatch([], 1, "g")
+    watch = gbrun.dist.watch.TrainerWatch(
+        [], 1, "g", gbrun.dist.watch.Heartbeat(), report)
     watch.samplers = []
-    with gbrun.launch.FAILURE_REPORT:
+    with report:
         watch.fail("its sampler process 1 died")
     assert capfd.readouterr().err == "" and exits == []
     # Alone, each reports.
     with pytest.raises(RuntimeError):
-        gbrun.launch.run_rank(0, run, plan, args, None)
+        gbrun.launch.run_rank(0, run, plan, args, None, report=report)
     assert capfd.readouterr().err.startswith(
         "rank 0 failed:\nTraceback")
+    report.release()  # the main thread's (its process ends, here not)
     monkeypatch.setenv("RANK", "3")
     watch.fail("its sampler process 1 died")
     assert capfd.readouterr().err == (
         "rank 3 failed: its sampler process 1 died; exiting\n")
     assert exits == [("g",)]
-    gbrun.launch.FAILURE_REPORT.release()  # the watch's (it exits, here not)

@@ -397,7 +397,7 @@ def test_doc_block(docrun, block):
     )
     assert status == 0, f"{block.id}: exit status {status} after {seconds:.0f} s{context}"
     # Following the docs never changes a dataset: GraphBolt preprocessing one
-    # again means a command spelled its path differently (gbrun.datasets.load_dataset).
+    # again means a command spelled its path differently (gbrun.data.datasets.load_dataset).
     assert "re-preprocessing" not in out + err, (
         f"{block.id}: GraphBolt preprocessed a dataset again (its path spelled "
         f"another way than before?){context}"

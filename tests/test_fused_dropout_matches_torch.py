@@ -1,4 +1,4 @@
-"""--fused-dropout (gbrun/dropout.py, dropout.c): nn.Dropout, and ReLU then
+"""--fused-dropout (gbrun/cpu/dropout.py, dropout.c): nn.Dropout, and ReLU then
 nn.Dropout, as one pass on CPU ranks. The kernel keeps each element with
 probability 1 - p and scales it as torch's dropout does, independently of
 its neighbours and of other calls; its mask repeats with torch's seed at
@@ -16,8 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import gbrun.graphbolt
-import gbrun.dropout as fused
-import gbrun.launch as launch
+import gbrun.cpu.dropout as fused
+import gbrun.plan as planning
 import node_classification as nc
 from helpers import REPO, cpu_plan, with_plan
 
@@ -25,7 +25,7 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 
 def dropout(p):
-    return gbrun.dropout.fuse_dropout(nn.Sequential(nn.Dropout(p)))[0]
+    return gbrun.cpu.dropout.fuse_dropout(nn.Sequential(nn.Dropout(p)))[0]
 
 
 def nonzero(shape, dtype):
@@ -116,7 +116,7 @@ def test_a_non_contiguous_input_is_masked_as_its_contiguous_copy():
 @pytest.mark.parametrize("case", ["eval", "p=0", "p=1", "inplace", "float64"])
 def test_what_the_kernel_does_not_handle_is_torchs_dropout(case):
     p = {"p=0": 0.0, "p=1": 1.0}.get(case, 0.5)
-    layer = gbrun.dropout.fuse_dropout(nn.Sequential(
+    layer = gbrun.cpu.dropout.fuse_dropout(nn.Sequential(
         nn.Dropout(p, inplace=case == "inplace")))[0]
     assert isinstance(layer, fused.Dropout)
     dtype = torch.float64 if case == "float64" else torch.float32
@@ -135,7 +135,7 @@ def test_only_nn_dropout_is_replaced_and_the_model_looks_the_same():
         nn.ModuleList([dglnn.SAGEConv(4, 4, "mean", feat_drop=0.4)]),
     )
     before, state = repr(model), model.state_dict()
-    assert gbrun.dropout.fuse_dropout(model) is model
+    assert gbrun.cpu.dropout.fuse_dropout(model) is model
     assert type(model[0]) is fused.Dropout and model[0].p == 0.2
     assert type(model[1]) is nn.Dropout2d
     assert type(model[2]) is nn.AlphaDropout
@@ -146,7 +146,7 @@ def test_only_nn_dropout_is_replaced_and_the_model_looks_the_same():
 
 
 def relu_dropout(p):
-    return gbrun.dropout.fuse_dropout(nn.Sequential(
+    return gbrun.cpu.dropout.fuse_dropout(nn.Sequential(
         nn.Sequential(nn.ReLU(), nn.Dropout(p))))[0]
 
 
@@ -201,7 +201,7 @@ def test_only_relu_then_dropout_alone_in_a_sequential_runs_as_one_pass():
     )
     model[3].eval()
     before, state = repr(model), model.state_dict()
-    gbrun.dropout.fuse_dropout(model)
+    gbrun.cpu.dropout.fuse_dropout(model)
     assert type(model[0]) is fused.ReLUDropout and model[0][1].p == 0.3
     # Each replacement keeps its module's mode.
     assert model[0].training and not model[3][1].training
@@ -212,7 +212,7 @@ def test_only_relu_then_dropout_alone_in_a_sequential_runs_as_one_pass():
     assert repr(model) == before
     assert model.state_dict().keys() == state.keys()
     # The example's model has the pair between its layers.
-    example = gbrun.dropout.fuse_dropout(nc.create_model(10, 3))
+    example = gbrun.cpu.dropout.fuse_dropout(nc.create_model(10, 3))
     assert [type(m) for m in example.modules()].count(fused.ReLUDropout) == 1
 
 
@@ -230,7 +230,7 @@ def test_the_examples_model_trains_with_it_as_with_torchs(small_dataset):
         torch.manual_seed(0)
         model = nc.create_model(job.in_size, job.num_classes)
         if name == "fused":
-            gbrun.dropout.fuse_dropout(model)
+            gbrun.cpu.dropout.fuse_dropout(model)
         start = [p.detach().clone() for p in model.parameters()]
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
         losses[name] = []
@@ -283,35 +283,35 @@ def test_a_fresh_cache_builds_the_kernel_once(monkeypatch, tmp_path):
 def test_the_plan_fuses_dropout_on_cpu_ranks_that_can_build_it(
         mode, problem, fused_dropout, notice):
     cuda = mode != "cpu-cpu"
-    machine = launch.Machine(cuda, cuda, 2 if cuda else 0, 2,
+    machine = planning.Machine(cuda, cuda, 2 if cuda else 0, 2,
                              dropout_problem=problem)
     args = nc.parse_args(["--mode", mode, "--gpu", "0"])
-    plan = launch.plan_run(args, args.gpu, args.num_workers, {}, machine)
+    plan = planning.plan_run(args, args.gpu, args.num_workers, {}, machine)
     assert plan.fused_dropout is fused_dropout
     lines = [n for n in plan.notices if n.startswith("--fused-dropout")]
     assert lines == ([f"--fused-dropout: {problem}; the model keeps torch's "
                       "dropout."] if notice else [])
     off = nc.parse_args(["--mode", mode, "--gpu", "0", "--no-fused-dropout"])
-    assert launch.plan_run(off, off.gpu, off.num_workers, {}, machine).fused_dropout is False
+    assert planning.plan_run(off, off.gpu, off.num_workers, {}, machine).fused_dropout is False
 
 
 # A fresh interpreter plans a launch as the example does, then says whether
 # it loaded the kernel (a dropout-*.so mapped) and whether it asked for it.
 PLANS_A_LAUNCH = """
 import sys
-import gbrun.dropout, gbrun.launch
+import gbrun.cpu.dropout, gbrun.launch
 import node_classification as nc
 
 asked = []
-problem = gbrun.dropout.kernel_problem
-gbrun.dropout.kernel_problem = lambda: asked.append(1) or problem()
+problem = gbrun.cpu.dropout.kernel_problem
+gbrun.cpu.dropout.kernel_problem = lambda: asked.append(1) or problem()
 args = nc.parse_args(sys.argv[1:])
-machine = gbrun.launch.detect_machine(args.precision)
+machine = gbrun.plan.detect_machine(args.precision)
 if args.mode != "cpu-cpu":  # a GPU machine with DGL's CUDA build
     import dataclasses
     machine = dataclasses.replace(machine, cuda=True, dgl_cuda=True,
                                   num_gpus=1)
-plan = gbrun.launch.plan_run(args, args.gpu, args.num_workers, {}, machine)
+plan = gbrun.plan.plan_run(args, args.gpu, args.num_workers, {}, machine)
 maps = open("/proc/self/maps").read()
 print(plan.fused_dropout, bool(asked), "/dropout-" in maps)
 """

@@ -17,6 +17,7 @@ import torch
 import gbrun.graphbolt
 import gbrun.placement
 import gbrun.launch as launch
+import gbrun.plan as planning
 import node_classification as nc
 from helpers import (
     FAKE_CUDA,
@@ -31,7 +32,7 @@ FAST = ["--batch-size", 64, "--fanout", "5,5,5"]
 # The fake machine has PyPI's CPU-only DGL: where DGL has CUDA it is not
 # that machine, and the tests below that build it would test nothing.
 cpu_only_dgl = pytest.mark.skipif(
-    launch.dgl_has_cuda(), reason="DGL here is a CUDA build")
+    planning.dgl_has_cuda(), reason="DGL here is a CUDA build")
 
 
 def fake_gpu_machine():
@@ -44,9 +45,9 @@ def fake_gpu_machine():
 def test_the_fake_is_a_cuda_torch_with_a_cpu_only_dgl():
     probe = subprocess.run(
         [sys.executable, "-c",
-         "import torch, gbrun.launch as launch; "
+         "import torch, gbrun.plan as planning; "
          "print(torch.cuda.is_available(), torch.cuda.device_count(), "
-         "launch.dgl_has_cuda())"],
+         "planning.dgl_has_cuda())"],
         capture_output=True, text=True, timeout=120, cwd=REPO,
         env={**os.environ, **fake_gpu_machine()},
     )
@@ -67,7 +68,7 @@ def test_auto_trains_on_cpu_ranks_and_says_how_to_get_gpus(
     assert result.returncode == 0, result.stderr[-3000:]
     notice = [line for line in result.stdout.splitlines()
               if "this DGL is a CPU-only build" in line]
-    assert len(notice) == 1 and launch.INSTALL_CUDA_DGL in notice[0]
+    assert len(notice) == 1 and gbrun.graphbolt.INSTALL_CUDA_DGL in notice[0]
     assert "Training with 2 CPU processes." in result.stdout
     reference, _ = reference_run
     assert [line[:3] for line in epoch_lines(result.stdout)] == (
@@ -90,7 +91,7 @@ def test_a_cuda_mode_is_refused_before_spawning_on_the_fake_machine(
     assert len(error.splitlines()) == 1, error
     assert "--mode pinned-cuda needs CUDA, but this DGL is a CPU-only build" in (
         error)
-    assert launch.INSTALL_CUDA_DGL in error
+    assert gbrun.graphbolt.INSTALL_CUDA_DGL in error
     assert "Training" not in result.stdout
     assert time.time() - start < 30
 
@@ -100,15 +101,15 @@ def test_cuda_modes_are_refused_before_spawning(
         small_dataset, monkeypatch, capsys, nothing_spawned, mode):
     # What the fake machine's detection gives (see the test above): torch
     # sees 2 GPUs, DGL is a CPU-only build.
-    monkeypatch.setattr(launch, "detect_machine",
-                        lambda precision: launch.Machine(True, False, 2, 2))
+    monkeypatch.setattr(planning, "detect_machine",
+                        lambda precision: planning.Machine(True, False, 2, 2))
     with pytest.raises(SystemExit) as exited:
         nc.main(["--gpu=0,1", "--mode", mode, "--dataset", small_dataset])
     assert exited.value.code == 2
     out, error = capsys.readouterr()
     assert len(error.strip().splitlines()) == 1, error
     assert f"--mode {mode} needs CUDA, but this DGL is a CPU-only build" in error
-    assert launch.INSTALL_CUDA_DGL in error
+    assert gbrun.graphbolt.INSTALL_CUDA_DGL in error
     assert "Training" not in out
 
 
@@ -143,7 +144,7 @@ def test_a_rank_that_fails_before_training_prints_its_own_cause(capsys):
     # the download of ogbn-products). torch 2.2 keeps device ids in 8 bits:
     # set_device(999) wraps around to a negative id and does nothing.
     args = nc.parse_args(["--gpu=100", "--mode", "cuda-cuda"])
-    plan = launch.plan_run(args, args.gpu, args.num_workers, {}, launch.Machine(True, True, 128, 2))
+    plan = planning.plan_run(args, args.gpu, args.num_workers, {}, planning.Machine(True, True, 128, 2))
     with pytest.raises(Exception):
         launch.run_rank(0, nc.run, plan, args, None)
     error = capsys.readouterr().err
@@ -212,7 +213,7 @@ def test_every_feature_the_model_reads_is_cached_and_stored_in_bf16(
     assert set(cached.keys()) == {("node", None, "feat"),
                                   ("node", None, "degree")}
     dataset = types.SimpleNamespace(feature=store)
-    gbrun.datasets.store_in_bf16(dataset, ["feat", "degree"])
+    gbrun.data.datasets.store_in_bf16(dataset, ["feat", "degree"])
     assert [store.read("node", None, k).dtype for k in ("feat", "degree",
                                                         "label")] == [
         torch.bfloat16, torch.bfloat16, torch.float32]

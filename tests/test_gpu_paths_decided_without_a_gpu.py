@@ -19,13 +19,15 @@ import torch
 import torch.distributed as dist
 
 import gbrun.cli
-import gbrun.datasets
+import gbrun.data.datasets
 import gbrun.graphbolt
 import gbrun.placement
 import gbrun.checkpoint
 import gbrun.progress
+import gbrun.sources
 import gbrun.batches
 import gbrun.launch as launch
+import gbrun.plan as planning
 import gbrun.stop
 import node_classification as nc
 from helpers import (
@@ -148,7 +150,7 @@ def _slow_first_load(rank, out_dir):
     mp.set_sharing_strategy("file_system")
     env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
     args = nc.parse_args([])
-    plan = launch.plan_run(args, args.gpu, args.num_workers, env, launch.Machine(False, False, 0, 2))
+    plan = planning.plan_run(args, args.gpu, args.num_workers, env, planning.Machine(False, False, 0, 2))
     plan = dataclasses.replace(
         plan, load_timeout=datetime.timedelta(seconds=60))
     dist.init_process_group(
@@ -161,7 +163,7 @@ def _slow_first_load(rank, out_dir):
                                          feature=torch.arange(4.0))
 
         # A job without a dataset, whose /dev/shm needs could be checked.
-        launch.check_shared_memory = lambda dataset: None
+        gbrun.sources.GraphBoltSource.check_shared_memory = lambda self: None
         job = launch.load_job_in_turn(rank, plan, load_job, args)
         return job.feature.tolist()
     finally:
@@ -266,7 +268,7 @@ def _host_reads_per_step(rank, dataset_dir):
                           "1", "--batch-size", "64", "--fanout", "5,5,5",
                           "--max-batches", "5", "--seed", "1",
                           "--no-fused-dropout"])
-    plan = launch.plan_run(args, args.gpu, args.num_workers, {}, launch.Machine(False, False, 0, 2))
+    plan = planning.plan_run(args, args.gpu, args.num_workers, {}, planning.Machine(False, False, 0, 2))
     job = nc.load_job(args, cpu_plan(args, 2))
     reads, inside = [], [None]  # the training pass whose step runs now
     batches_iter = gbrun.batches.Batches.__iter__
@@ -314,7 +316,7 @@ def test_a_training_step_reads_the_host_once_for_the_stop_flag_before(
 
 
 def test_a_refused_pin_is_one_line(small_dataset, monkeypatch):
-    dataset = gbrun.datasets.load_dataset(small_dataset)
+    dataset = gbrun.data.datasets.load_dataset(small_dataset)
 
     def refused():
         raise AssertionError  # what dgl 2.1.0 raises: a bare assert
@@ -331,7 +333,7 @@ def test_a_refused_pin_is_one_line(small_dataset, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("machine", ["no CUDA", "CUDA torch, CPU-only DGL"])
 def test_check_gpu_skips_cleanly_where_dgl_has_no_cuda(machine):
-    if machine != "no CUDA" and launch.dgl_has_cuda():
+    if machine != "no CUDA" and planning.dgl_has_cuda():
         pytest.skip("DGL here is a CUDA build: the checks would run")
     env = dict(NO_GPU)
     if machine != "no CUDA":

@@ -6,7 +6,8 @@ import socket
 import pytest
 
 from gbrun.cli import UsageError
-from gbrun.launch import INSTALL_CUDA_DGL, Machine, plan_run
+from gbrun.graphbolt import INSTALL_CUDA_DGL
+from gbrun.plan import Machine, plan_run
 from node_classification import parse_args
 
 
@@ -253,10 +254,10 @@ def test_a_graph_server_refuses_a_machine_with_too_few_gpus(tmp_path,
     # A server checks the plan of its machine's last trainer, so that the
     # whole job refuses (a server left waiting for trainers that refused
     # would never end): 2 machines, 4 trainers, 1 GPU a machine.
-    import gbrun.launch
+    import gbrun.plan
     import dist_node_classification as trainer
 
-    monkeypatch.setattr(gbrun.launch, "detect_machine",
+    monkeypatch.setattr(gbrun.plan, "detect_machine",
                         lambda precision: Machine(True, True, 1, 8))
     ip_config = tmp_path / "ip_config.txt"
     ip_config.write_text("10.0.0.1\n10.0.0.2\n")

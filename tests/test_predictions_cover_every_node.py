@@ -13,9 +13,9 @@ from helpers import NO_GPU, REFERENCE, reported_test_accuracy, run_example
 
 def items_of_test_set(dataset_dir):
     """(node ids, labels) of the dataset's test set."""
-    import gbrun.datasets
+    import gbrun.data.datasets
 
-    test_set = gbrun.datasets.load_dataset(dataset_dir).tasks[0].test_set
+    test_set = gbrun.data.datasets.load_dataset(dataset_dir).tasks[0].test_set
     ids, labels = zip(*[(int(i), int(l)) for i, l in test_set])
     return np.array(ids), np.array(labels)
 

@@ -100,7 +100,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(small_dataset, tmp_path):
 
     # metrics.jsonl: epoch 0 from the killed run, 1 and the test result
     # from the resumed one.
-    records = [json.loads(line) for line in open(logs / gbrun.checkpoint.METRICS_FILE)]
+    records = [json.loads(line) for line in open(logs / gbrun.records.METRICS_FILE)]
     assert [r.get("epoch") for r in records] == [0, 1, None]
     assert set(records[0]) == {
         "epoch", "loss", "metric", "val_accuracy", "epoch_time",

@@ -1,4 +1,4 @@
-"""gbrun.products.split_products (gbrun/products.py): under bf16 autocast on the CPU,
+"""gbrun.cpu.products.split_products (gbrun/cpu/products.py): under bf16 autocast on the CPU,
 nn.Linear's products run in parts whose shapes recur from batch to batch,
 with the gradients of one product; anywhere else nn.Linear runs as it is,
 and the model looks the same."""
@@ -8,19 +8,20 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import gbrun.products
-import gbrun.launch as launch
-from gbrun.products import MIN_GRAIN, SplitLinear, grain
+import gbrun.cpu.products
+import gbrun.plan as planning
+from gbrun.cpu.products import MIN_GRAIN, SplitLinear, grain
 
 import node_classification as nc
 
 
 def split_copy(linear):
-    """A copy of `linear` with its products split."""
+    """A copy of `linear` with its products split, as split_products makes
+    the Linears of a model."""
     copy = nn.Linear(linear.in_features, linear.out_features,
                      bias=linear.bias is not None)
     copy.load_state_dict(linear.state_dict())
-    return gbrun.products.split_products(copy)
+    return gbrun.cpu.products.Linear.sharing(copy)
 
 
 class ProductShapes(TorchDispatchMode):
@@ -115,14 +116,14 @@ def test_the_model_looks_the_same_with_the_same_parameters():
     model = nc.create_model(32, 10)
     parameters = list(model.parameters())
     before = repr(model), {k: v.clone() for k, v in model.state_dict().items()}
-    gbrun.products.split_products(model)
+    gbrun.cpu.products.split_products(model)
     assert repr(model) == before[0]
     assert all(p is q for p, q in zip(model.parameters(), parameters))
     state = model.state_dict()
     assert state.keys() == before[1].keys()
     assert all(torch.equal(state[k], v) for k, v in before[1].items())
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    assert linears and all(type(m) is gbrun.products.Linear for m in linears)
+    assert linears and all(type(m) is gbrun.cpu.products.Linear for m in linears)
 
 
 @pytest.mark.parametrize("mode, precision, cpu_bf16, split", [
@@ -134,8 +135,8 @@ def test_the_model_looks_the_same_with_the_same_parameters():
 def test_the_plan_splits_products_where_cpu_ranks_compute_bf16(
         mode, precision, cpu_bf16, split):
     cuda = mode != "cpu-cpu"
-    machine = launch.Machine(cuda, cuda, 2 if cuda else 0, 2,
+    machine = planning.Machine(cuda, cuda, 2 if cuda else 0, 2,
                              cpu_bf16=cpu_bf16)
     args = nc.parse_args(["--mode", mode, "--gpu", "0",
                           "--precision", precision])
-    assert launch.plan_run(args, args.gpu, args.num_workers, {}, machine).split_products is split
+    assert planning.plan_run(args, args.gpu, args.num_workers, {}, machine).split_products is split

@@ -60,14 +60,15 @@ def _load_in_turn(rank, dataset):
 
     import torch.multiprocessing as mp
 
-    import gbrun.datasets
+    import gbrun.data.datasets
     import gbrun.launch as launch
+    import gbrun.plan as planning
     import node_classification as nc
 
     mp.set_sharing_strategy("file_system")  # as launch() does in every rank
     env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "3"}
     args = nc.parse_args(["--dataset", dataset, "--batch-size", "64"])
-    plan = launch.plan_run(args, args.gpu, args.num_workers, env, launch.Machine(False, False, 0, 2, False))
+    plan = planning.plan_run(args, args.gpu, args.num_workers, env, planning.Machine(False, False, 0, 2, False))
     if rank == 2:
         # Receivers unpickle one after another: rank 2 only once rank 1 has
         # built its graph and dropped what the pickle carried for it alone.
@@ -76,7 +77,7 @@ def _load_in_turn(rank, dataset):
         launch.pickle = slow
     job = launch.load_job_in_turn(rank, plan, nc.load_job, args)
     tensors = (job.dataset.graph.csc_indptr, job.dataset.graph.indices,
-               job.dataset.feature.read(*gbrun.datasets.node_key(nc.FEATURE_KEYS[0])))
+               job.dataset.feature.read(*gbrun.data.datasets.node_key(nc.FEATURE_KEYS[0])))
     # Asking a private tensor for its file would move it to a new one.
     return [t.untyped_storage()._share_filename_cpu_()[1] for t in tensors]
 
@@ -98,7 +99,7 @@ def test_torchrun_ranks_of_a_node_share_one_copy_of_the_data(
 REPORT_FILES = """
 import sys
 
-import gbrun.datasets
+import gbrun.data.datasets
 import node_classification as nc
 
 train = nc.run  # the example's, in the parent and in each rank
@@ -106,7 +107,7 @@ train = nc.run  # the example's, in the parent and in each rank
 
 def report(who, job):
     tensors = (job.dataset.graph.csc_indptr, job.dataset.graph.indices,
-               job.dataset.feature.read(*gbrun.datasets.node_key(nc.FEATURE_KEYS[0])))
+               job.dataset.feature.read(*gbrun.data.datasets.node_key(nc.FEATURE_KEYS[0])))
     files = [t.untyped_storage()._share_filename_cpu_()[1] for t in tensors]
     # One write, so that the ranks' lines do not interleave.
     sys.stdout.write(f"{who}: {files}\\n")

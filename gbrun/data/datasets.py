@@ -1,14 +1,17 @@
 """Datasets as the example reads them: loading a GraphBolt dataset (one
 place for every script), and the checks that refuse what the example
-cannot train on, in one line, before any rank starts."""
+cannot train on, in one line, before any rank starts (labels as
+gbrun.data.labels checks them, for the dataset writer too)."""
 import os
 
 import torch
 
-from .cli import UsageError
-from .graphbolt import gb
+from ..cli import UsageError
+from ..graphbolt import gb
+from . import labels as label_checks
 
 BUILTIN_DATASETS = ["cora", "ogbn-arxiv", "ogbn-products", "ogbn-papers100M"]
+# The task's splits, in the order a Job's item sets hold them.
 SPLITS = ("train_set", "validation_set", "test_set")
 
 
@@ -25,23 +28,6 @@ def node_keys(feature_keys):
         return [node_key(name, ntype) for ntype, names in feature_keys.items()
                 for name in names]
     return [node_key(name) for name in feature_keys]
-
-
-def edge_types(dataset):
-    """The (source type, relation, destination type) of each edge type of a
-    graph of several node types, as DGL's heterogeneous modules take them
-    (on DGL's distributed engine, `dataset` a gbrun.distributed.Partitions,
-    as the partitions recorded them)."""
-    if hasattr(dataset, "place"):
-        return dataset.edge_types
-    return [tuple(etype.split(":")) for etype in dataset.graph.edge_type_to_id]
-
-
-def num_nodes(dataset):
-    """{node type: number of nodes} of a graph of several node types."""
-    if hasattr(dataset, "place"):
-        return dataset.num_nodes
-    return dataset.graph.num_nodes
 
 
 def load_dataset(name_or_dir, data_root="datasets"):
@@ -83,7 +69,6 @@ def dataset_identity(name_or_dir):
     return os.path.realpath(name_or_dir)
 
 
-LABEL_KINDS = ("class", "multi-hot", "value")
 # Where a user with a heterogeneous graph reads what to do.
 HETEROGENEOUS_PAGE = "docs/customising.md#several-node-and-edge-types"
 
@@ -125,6 +110,9 @@ def check_dataset(dataset, name, feature_keys, label_key, labels="class",
     every split's seeds of one node type, the target (`target`, the
     example's TARGET, where given), whose item sets are returned as
     {target: ItemSet} (gb.ItemSetDict), as the loader takes them."""
+    if labels not in label_checks.KINDS:
+        raise UsageError(f"LABELS = {labels!r} in the example: a label is one "
+                         f"of {', '.join(label_checks.KINDS)}")
     per_type = feature_keys if isinstance(feature_keys, dict) else {
         None: feature_keys}
     if None in per_type:
@@ -234,50 +222,30 @@ def one_node_type(items, name, split, target=None):
 
 
 def checked_labels(values, num_classes, kind, where):
-    """The labels as the loss takes them, or one line saying what they are
-    instead (shape, dtype, range): never a silent reinterpretation."""
+    """The labels as the loss takes them (int64 classes, float32 rows), or
+    one line saying what they are instead (shape, dtype, range): never a
+    silent reinterpretation."""
     values = torch.as_tensor(values)
     shape, dtype = list(values.shape), str(values.dtype).replace("torch.", "")
-    if kind == "class":
-        if values.dim() == 2 and values.size(1) == 1:
-            values = values[:, 0]  # one column: one class per node
-        expected = f"one integer class in [0, {num_classes}) per node"
-        fits = values.dim() == 1 and values.dtype in INTEGER_DTYPES
-        converted = values.long()
-    elif kind == "multi-hot":
-        expected = f"{num_classes} entries of 0 or 1 per node (multi-hot)"
-        fits = values.dim() == 2 and values.size(1) == num_classes
-        converted = values.float()
-    elif kind == "value":
-        if values.dim() == 1 and num_classes == 1:
-            values = values[:, None]  # one value per node: a row of one
-        expected = f"{num_classes} float value(s) per node (num_classes)"
-        fits = (values.dim() == 2 and values.size(1) == num_classes
-                and values.is_floating_point())
-        converted = values.float()
-    else:
-        raise ValueError(f"labels must be one of {LABEL_KINDS}, not {kind!r}")
-    if fits and values.numel():
-        low, high = values.min().item(), values.max().item()
-        if kind == "class":
-            fits = 0 <= low and high < num_classes
-        elif kind == "multi-hot":
-            fits = bool(((values == 0) | (values == 1)).all())
-        else:
-            fits = bool(torch.isfinite(values).all())
-        if not fits:
-            dtype += f" with values in [{low}, {high}]"
-    if not fits:
+    if kind == "class" and values.dim() == 2 and values.size(1) == 1:
+        values = values[:, 0]  # one column: one class per node
+    array = values.numpy()
+    problem = label_checks.shape_problem(array, kind, num_classes)
+    if problem is None and label_checks.value_problem(array, kind, num_classes):
+        problem = dtype = (f"{dtype} with values in [{values.min().item()}, "
+                           f"{values.max().item()}]")
+    if problem:
         raise UsageError(
             f"{where} have shape {shape} and dtype {dtype}, but the example "
-            f"takes {expected} (LABELS = '{kind}' in the example; "
-            "docs/customising.md shows multi-label and regression edits)"
+            f"takes {label_checks.expected(kind, num_classes)} (LABELS = '{kind}' "
+            "in the example; docs/customising.md shows multi-label and "
+            "regression edits)"
         )
-    return converted
-
-
-INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32,
-                  torch.int64)
+    if kind == "class":
+        return values.long()
+    if values.dim() == 1:
+        values = values[:, None]  # one value per node: a row of one
+    return values.float()
 
 
 def feature_size(dataset, feature_keys):

@@ -6,7 +6,7 @@ oneDNN, which builds (JIT-compiles) a primitive for every new shape and
 keeps it in a cache for the next product of that shape. A sampled block
 has new node counts in every batch, so no shape came back: building took
 25 ms of a 0.16 s bf16 step at 200k nodes (2 threads), and the cache only
-held memory (gbrun.keep_freed_memory turns it off).
+held memory (gbrun.cpu.memory turns it off).
 
 Here a product over m rows runs as two: the first m rounded down to a
 multiple of a grain (a power of two, 1/16 to 1/32 of m), then the rest,
@@ -18,23 +18,22 @@ product's up to rounding (the weight's gradient sums two). Elsewhere
 import torch
 import torch.nn as nn
 
-from . import tuning
-
 MIN_GRAIN = 64
 
 
 def split_products(model):
-    """Makes every nn.Linear in `model` (the class itself) a Linear of this
-    module, in place; returns `model`. Parameters, repr and state_dict stay
-    the same. Call it before the first bf16 product: with a Linear to split,
-    oneDNN keeps the recurring shapes' primitives (unless the environment
-    sets its cache)."""
-    linears = [m for m in model.modules() if type(m) is nn.Linear]
-    for module in linears:
-        module.__class__ = Linear
-    if linears:
-        tuning.cache_recurring_products()
-    return model
+    """Replaces every nn.Linear in `model` (the class itself, not its
+    subclasses) with a Linear of this module holding the same parameters,
+    in place; returns how many it replaced. The parameters (the same
+    objects, so an optimizer made before still steps them), repr and
+    state_dict stay the same."""
+    replaced = 0
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if type(child) is nn.Linear:
+                setattr(module, name, Linear.sharing(child))
+                replaced += 1
+    return replaced
 
 
 def grain(rows):
@@ -46,6 +45,15 @@ def grain(rows):
 class Linear(nn.Linear):
     """nn.Linear whose products under bf16 autocast on the CPU run in
     parts of recurring shapes (SplitLinear); otherwise nn.Linear's."""
+
+    @classmethod
+    def sharing(cls, linear):
+        """A Linear holding `linear`'s own parameters (no copy), in its
+        training mode."""
+        split = cls(linear.in_features, linear.out_features,
+                    bias=linear.bias is not None, device="meta")
+        split.weight, split.bias = linear.weight, linear.bias
+        return split.train(linear.training)
 
     def forward(self, x):
         if not (x.device.type == "cpu" and torch.is_autocast_cpu_enabled()

@@ -14,7 +14,11 @@ count.
 
 The kernel is a small C file compiled once per machine with the C compiler
 (`$CC`, else `cc`), cached under ~/.cache/gbrun; without a compiler the
-model keeps torch's dropout (kernel_problem() says why)."""
+model keeps torch's dropout (kernel_problem() says why).
+
+Module state: `_kernel`, the kernel this process loaded (or why it could
+not), built or loaded at its first use and kept for the process's life (a
+library loaded with ctypes stays loaded)."""
 import ctypes
 import hashlib
 import os
@@ -23,9 +27,12 @@ import shutil
 import subprocess
 import tempfile
 
+import psutil
 import torch
 import torch.nn as nn
 from torch.autograd.function import once_differentiable
+
+from . import info
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "dropout.c")
@@ -80,7 +87,7 @@ def _build():
     stat = os.stat(compiler)
     key = hashlib.sha256(b"\0".join([
         source, " ".join(FLAGS).encode(), os.path.realpath(compiler).encode(),
-        str((stat.st_size, stat.st_mtime_ns)).encode(), _cpu().encode(),
+        str((stat.st_size, stat.st_mtime_ns)).encode(), info.description().encode(),
         str(openmp).encode(),
     ])).hexdigest()[:16]
     directory = _cache_dir()
@@ -115,25 +122,12 @@ def _openmp_runtime():
     """The OpenMP library torch runs its threads on (PyPI's wheels bring
     their own libgomp), or None."""
     try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "/" in line}
-    except OSError:
+        paths = {m.path for m in psutil.Process().memory_maps(grouped=True)}
+    except psutil.Error:
         return None
     runtimes = sorted(p for p in paths if os.path.basename(p).startswith(
         ("libgomp", "libiomp", "libomp")))
     return runtimes[0] if runtimes else None
-
-
-def _cpu():
-    """What -march=native compiles for: the CPU's model and flags."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return platform.machine()
-    wanted = ("model name", "flags", "Features", "CPU part")
-    return platform.machine() + "".join(
-        sorted({line for line in lines if line.startswith(wanted)}))
 
 
 def _cache_dir():

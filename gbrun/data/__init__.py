@@ -1,0 +1,13 @@
+"""Datasets: what the example reads, and what the dataset scripts write, in
+one place so that they agree.
+
+    datasets  loading a GraphBolt dataset (every script), and the checks
+              that refuse what the example cannot train on, in one line
+    labels    what a node's label is (class, multi-hot, value) and the one
+              check of an array of labels, for both sides
+    inputs    the dataset writer's input checks and transforms (random
+              splits, self-loops, reverse edges)
+    ondisk    the OnDiskDataset writer scripts/convert_to_ondisk.py and
+              scripts/make_synthetic_dataset.py share
+Importing gbrun.data.inputs, labels or ondisk loads no torch.
+"""

@@ -1,0 +1,89 @@
+"""What a process of DGL's distributed engine leaves behind when it fails,
+cleaned up: its sampler processes (they die with their trainer) and the
+job's POSIX shared memory in /dev/shm (DGL unlinks it only in destructors
+that a failing process skips)."""
+import ctypes
+import multiprocessing.util
+import os
+import re
+import shutil
+import signal
+import sys
+
+import psutil
+
+# prctl(2)'s option: a signal when the parent dies (psutil has no prctl).
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_trainer(trainer_pid):
+    """In each of DGL's sampler processes (a task the trainer sends them
+    all): SIGKILL when the trainer dies, instead of waiting for its tasks
+    for ever."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != trainer_pid:  # it died before the prctl
+        os._exit(1)
+
+
+def samplers_die_with_trainer():
+    """Sends die_with_trainer to this trainer's DGL sampler processes, if
+    it has any (DGL_NUM_SAMPLER > 0)."""
+    from dgl.distributed.dist_context import get_sampler_pool
+
+    pool, _ = get_sampler_pool()
+    if pool is not None:
+        pool.submit_task_to_all_workers(die_with_trainer, os.getpid())
+
+
+def fail_fast(graph_name, flush=True):
+    """A trainer's end on any error, once its traceback is printed: its
+    machine's shared memory of the job (graph `graph_name`) unlinked, then
+    exit status 1 at once. A clean exit would wait for ever in DGL's exit
+    hook (a barrier with the other trainers) and in gloo's teardown; the
+    other trainers fail at their next collective, and the servers and
+    samplers leave once their trainers have gone (gbrun.dist.watch)."""
+    if flush:  # (not from another thread: the main one may hold the lock)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    try:
+        unlink_job_memory(graph_name)
+        # The temporary files that exit handlers, skipped here, remove.
+        shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
+    finally:
+        os._exit(1)
+
+
+# DGL's shared memory names that do not start with the graph's name (read in
+# v2.1.0: kvstore.py's features and DistTensors, GraphBolt's shared graph).
+DGL_SEGMENT = re.compile(r"-kvdata-$|^dgl\.graphbolt\.")
+
+
+def unlink_job_memory(graph_name):
+    """Unlinks the POSIX shared memory (/dev/shm) of the job that this
+    process maps or holds open: the partition's graph, its partition book,
+    its features and DistTensors, named after `graph_name` or as DGL names
+    them. DGL unlinks them only in destructors or in its own SIGTERM handler
+    (dgl v2.1.0, src/runtime/shared_mem.cc and src/rpc/rpc.cc), which an
+    os._exit or a killed process skips: each failed job would hold a
+    partition's worth of memory until the machine reboots. Unlinking only
+    removes the names; processes that map them go on until they exit.
+    Returns the names unlinked."""
+    try:
+        me = psutil.Process()
+        names = {m.path for m in me.memory_maps(grouped=True)}
+        names |= {f.path for f in me.open_files()}
+    except psutil.Error:
+        return []
+    unlinked = []
+    for path in sorted(names):
+        name = path[len("/dev/shm/"):]
+        if not path.startswith("/dev/shm/") or path.endswith(" (deleted)"):
+            continue
+        if name.startswith(graph_name) or DGL_SEGMENT.search(name):
+            try:
+                os.unlink(path)
+                unlinked.append(name)
+            except OSError:
+                continue  # another process of the job was first
+    return unlinked
