@@ -114,19 +114,67 @@ def pytest_runtest_teardown(item, nextitem):
     return (yield from _within_deadline(item, at_least=3 * EXIT_GRACE_S))
 
 
+# Processes that clean up after a finished test's job and then leave by
+# themselves (helpers.cleans_up_after_others: torch's shared-memory manager
+# waits 2 s for new clients, then unlinks and leaves): pid -> (process, when
+# it must be gone, the test that left it). The tests after it go on
+# meanwhile; each test's end, and the session's, checks the deadlines.
+_LEAVING = {}
+
+
+def _check_leaving(wait=False):
+    """Fails (killing them) where cleaners outlived their grace; with
+    `wait`, first waits for each until its deadline."""
+    late = []
+    for pid, (process, deadline, test) in list(_LEAVING.items()):
+        while wait and process.is_running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            alive = (process.is_running()
+                     and process.status() != psutil.STATUS_ZOMBIE)
+        except psutil.NoSuchProcess:
+            alive = False
+        if not alive:
+            del _LEAVING[pid]
+        elif time.monotonic() >= deadline:
+            del _LEAVING[pid]
+            late.append(f"{' '.join(process.cmdline())[:120]} (left by {test})")
+            process.kill()
+    return late
+
+
 @pytest.fixture(autouse=True)
-def no_process_outlives_its_test():
+def no_process_outlives_its_test(request):
     """Fails a test (and kills them) if processes it started outlive it.
     subprocess.run(timeout=) kills only the direct child, spawned ranks
     ignore SIGINT, and a killed launcher leaves its ranks running. The
-    first test after a session fixture also answers for that fixture."""
+    first test after a session fixture also answers for that fixture.
+    Processes that clean up after the others get EXIT_GRACE_S to leave by
+    themselves while the next tests run (checked at each test's end and
+    at the session's)."""
     yield
-    survivors = descendants()
+    survivors = [p for p in descendants() if p.pid not in _LEAVING]
     deadline = time.monotonic() + EXIT_GRACE_S
+    for process in survivors:
+        if cleans_up_after_others(process):
+            _LEAVING[process.pid] = (process, deadline, request.node.nodeid)
+    survivors = [p for p in survivors if p.pid not in _LEAVING]
     while survivors and time.monotonic() < deadline:
         time.sleep(0.05)
-        survivors = descendants()
+        survivors = [p for p in descendants() if p.pid not in _LEAVING]
     if survivors:
-        killed = kill_descendants()
+        killed = kill_descendants(spare_cleaners=True)
         pytest.fail(f"{len(killed)} processes outlived the test (killed): "
                     f"{killed}")
+    late = _check_leaving()
+    if late:
+        pytest.fail(f"{len(late)} cleaning processes did not leave within "
+                    f"{EXIT_GRACE_S} s (killed): {late}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    late = _check_leaving(wait=True)
+    if late:
+        print(f"\nerror: {len(late)} cleaning processes did not leave within "
+              f"{EXIT_GRACE_S} s (killed): {late}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
