@@ -48,13 +48,19 @@ DATASET_ID_ITEM_SETS_FILE = "item_sets_dataset_ids.pt"
 
 
 def read_metadata(dataset):
-    import yaml
+    """The dataset's metadata.yaml, every file it names checked as data
+    inside the dataset (gbrun.data.metadata), as the example checks it."""
+    from gbrun.data.metadata import MetadataError, checked_files
+    from gbrun.data.metadata import read_metadata as read
 
-    path = os.path.join(dataset, "metadata.yaml")
-    if not os.path.isfile(path):
+    if not os.path.isfile(os.path.join(dataset, "metadata.yaml")):
         raise gbrun.cli.UsageError(f"--dataset {dataset}: no metadata.yaml")
-    with open(path) as f:
-        return yaml.safe_load(f)
+    try:
+        metadata = read(dataset)
+        checked_files(dataset, metadata)
+    except MetadataError as error:
+        raise gbrun.cli.UsageError(f"--dataset {dataset}: {error}") from None
+    return metadata
 
 
 def mapped(dataset, entry, what):

@@ -75,7 +75,6 @@ NOT_HERE = {
     "dataset": "the partitions are the data (--part-config)",
     "data_root": "the partitions are the data (--part-config)",
     "gpu_cache_size": "the features stay on the graph servers",
-    "master_port": "the launcher sets the rendezvous",
 }
 
 

@@ -96,10 +96,6 @@ def add_run_options(parser):
         " batches per rank (quick runs, benchmarks). Default: all.",
     )
     run.add_argument(
-        "--master-port", type=port, default=None,
-        help="Rendezvous port on 127.0.0.1 (default: a free port).",
-    )
-    run.add_argument(
         "--seed", type=int_at_least(0), default=None,
         help="Seed every random stream on every rank: the same seed repeats"
         " a run (CPU, --num-workers 0). Unseeded by default, as upstream.",
@@ -156,15 +152,6 @@ def int_at_least(minimum):
         return value
 
     return parse
-
-
-def port(text):
-    value = int_at_least(1)(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(
-            f"{value} is not a TCP port (1-65535)"
-        )
-    return value
 
 
 def positive_float(text):

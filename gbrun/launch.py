@@ -5,11 +5,13 @@ Each rank runs the example's `run(rank, plan, args, job)` through run_rank,
 which installs the rank's stop signal, reports its failure once, waits for
 the other ranks at the end and tears its process group down.
 """
+import dataclasses
 import multiprocessing.connection
 import os
 import pickle
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -71,45 +73,49 @@ def spawn(run, plan, args, job):
     """One process per device; the first SIGTERM or SIGINT asks every rank
     to stop with a checkpoint, a second kills them. Exits non-zero when a
     rank failed, 128 + the signal's number when stopped by one."""
-    os.environ.update(plan.rank_env)
-    stop_request = mp.get_context("spawn").Value("i", 0)
-    ranks = SimpleNamespace(processes=[])
-    # From here on a signal is a stop request, also while the ranks start:
-    # they are born with SIGINT and SIGTERM blocked (the mask survives
-    # exec), so that a Ctrl-C during their imports cannot kill one of them
-    # (torch's spawn wrapper would exit 0, and the others would wait for it)
-    # but reaches them once they handle it (StopSignal).
-    stop.relay_stop_signals(ranks, stop_request)
-    unit = "gpu" if plan.backend == "nccl" else "CPU process"
-    plural = "es" if unit.endswith("s") else "s"
-    print(f"Training with {plan.world_size} {unit}"
-          f"{plural * (plan.world_size > 1)}.", flush=True)
-    stop_signals = {signal.SIGINT, signal.SIGTERM}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
-    try:
-        context = mp.spawn(
-            run_rank,
-            args=(run, plan, args, job, stop_request),
-            nprocs=plan.world_size,
-            join=False,
-        )
-        ranks.processes = context.processes
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
-    try:
-        join_ranks(context)
-    except mp.ProcessRaisedException:
-        # join_ranks has ended the other ranks; each failed rank printed its
-        # traceback.
-        sys.exit("error: training failed; each failing rank's error is above")
-    except mp.ProcessExitedException as error:
-        signum = stop_request.value or stopped_by_their_own(context.processes)
-        if signum:
-            # Stopped on request; rank 0 said where and how to resume.
-            sys.exit(128 + signum)
-        sys.exit(f"error: training failed: {error}")
-    # Every rank ended well: done, also if a signal came too late to stop
-    # training (during the last epoch's validation or the test).
+    # The ranks meet through a file in a private directory (mode 0700),
+    # removed when the job ends: nothing listens on the network.
+    with tempfile.TemporaryDirectory(prefix="gbrun-rendezvous-") as meeting:
+        plan = dataclasses.replace(plan, init_method=f"file://{meeting}/store")
+        os.environ.update(plan.rank_env)
+        stop_request = mp.get_context("spawn").Value("i", 0)
+        ranks = SimpleNamespace(processes=[])
+        # From here on a signal is a stop request, also while the ranks start:
+        # they are born with SIGINT and SIGTERM blocked (the mask survives
+        # exec), so that a Ctrl-C during their imports cannot kill one of them
+        # (torch's spawn wrapper would exit 0, and the others would wait for it)
+        # but reaches them once they handle it (StopSignal).
+        stop.relay_stop_signals(ranks, stop_request)
+        unit = "gpu" if plan.backend == "nccl" else "CPU process"
+        plural = "es" if unit.endswith("s") else "s"
+        print(f"Training with {plan.world_size} {unit}"
+              f"{plural * (plan.world_size > 1)}.", flush=True)
+        stop_signals = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+        try:
+            context = mp.spawn(
+                run_rank,
+                args=(run, plan, args, job, stop_request),
+                nprocs=plan.world_size,
+                join=False,
+            )
+            ranks.processes = context.processes
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
+        try:
+            join_ranks(context)
+        except mp.ProcessRaisedException:
+            # join_ranks has ended the other ranks; each failed rank printed its
+            # traceback.
+            sys.exit("error: training failed; each failing rank's error is above")
+        except mp.ProcessExitedException as error:
+            signum = stop_request.value or stopped_by_their_own(context.processes)
+            if signum:
+                # Stopped on request; rank 0 said where and how to resume.
+                sys.exit(128 + signum)
+            sys.exit(f"error: training failed: {error}")
+        # Every rank ended well: done, also if a signal came too late to stop
+        # training (during the last epoch's validation or the test).
 
 
 # How a rank that stopped on a signal exits.

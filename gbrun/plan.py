@@ -4,8 +4,6 @@ example's device list and what this machine has (a Machine, which tests
 make themselves, so that every decision is checked without a GPU)."""
 import datetime
 import os
-import random
-import socket
 from dataclasses import dataclass
 
 import dgl
@@ -34,6 +32,9 @@ class Plan:
     local_rank: int
     local_world_size: int
     devices: list  # device strings, indexed by rank - rank_offset
+    # The rendezvous: "env://" under torchrun; with mp.spawn, where
+    # init_method is None, launch.spawn makes a file:// store in a private
+    # directory (plan_run changes nothing on the machine).
     init_method: str
     threads: int
     autocast: bool  # bf16 autocast in the forward pass
@@ -139,8 +140,10 @@ def plan_run(args, gpus, num_workers, env=os.environ, machine=None,
         device_ids = parse_gpu_list(gpus)
         world_size = local_world_size = len(device_ids)
         rank_offset, local_rank = 0, 0
-        port = args.master_port or free_port()
-        init_method = f"tcp://127.0.0.1:{port}"
+        # One machine stays on it: the ranks meet through a file (no TCP
+        # store, which listens on every interface), and gloo's and NCCL's
+        # sockets are bound to the loopback interface (rank_env).
+        init_method = None
 
     if train_device == "cuda":
         missing = [i for i in device_ids if i >= num_cuda_devices]
@@ -187,6 +190,8 @@ def plan_run(args, gpus, num_workers, env=os.environ, machine=None,
     # Upstream's cpu_count // 2 // world_size is 0 on small machines.
     threads = args.threads or max(1, num_cores // local_world_size)
     rank_env = {"OMP_NUM_THREADS": str(threads)}
+    if not torchrun:
+        rank_env.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
     if train_device == "cpu":
         # CPU ranks see no GPU, so no library starts CUDA in them (under
         # torchrun the ranks already run: this cannot apply).
@@ -246,31 +251,6 @@ def check_mode(args, mode, machine, num_workers):
             "runs on the GPU, which worker processes cannot do; use "
             "--num-workers 0"
         )
-
-
-def free_port():
-    """A TCP port free now, for the rendezvous that rank 0 binds seconds
-    later (two runs never collide on a fixed port). It comes from below the
-    kernel's ephemeral range: a port in that range can be handed to any
-    outgoing connection on the machine before rank 0 binds it."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            ephemeral_low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral_low = 32768  # Linux's default
-    below = range(max(1024, ephemeral_low - 12000), ephemeral_low)
-    # Not the seeded generator: two runs with one --seed pick apart.
-    tries = random.SystemRandom().sample(below, min(100, len(below)))
-    for port in tries:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))  # let the kernel choose
-        return sock.getsockname()[1]
 
 
 def parse_gpu_list(text):

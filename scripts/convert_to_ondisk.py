@@ -48,7 +48,6 @@ and create nothing.
 """
 
 import argparse
-import os
 import sys
 
 import numpy as np
@@ -287,8 +286,7 @@ def load_splits(args, num_nodes):
 def convert_hetero(args):
     """Several node and edge types: read, and write with the checks of
     ondisk.write_hetero_dataset."""
-    if os.path.lexists(args.out_dir) and not args.force:
-        raise inputs.DatasetError(f"{args.out_dir}: already exists; use --force to replace it")
+    ondisk.check_out_dir(args.out_dir, args.force, input_paths(args))
     num_nodes = dict(args.node_type)
     if args.target not in num_nodes:
         raise inputs.DatasetError(
@@ -299,7 +297,16 @@ def convert_hetero(args):
     return ondisk.write_hetero_dataset(
         args.out_dir, num_nodes, edges, load_npy(args.labels), train, val, test,
         args.target, features=features, num_classes=args.num_classes,
-        force=args.force, kind=args.label_kind)
+        force=args.force, kind=args.label_kind, inputs=input_paths(args))
+
+
+def input_paths(args):
+    """Every file this command reads, which --force must not delete."""
+    given = [args.edges, args.features, args.labels, args.train_idx,
+             args.val_idx, args.test_idx]
+    given += [path for _, path in args.feature + args.edge_type
+              + args.type_features]
+    return [path for path in given if path]
 
 
 def convert(args):
@@ -313,8 +320,7 @@ def convert(args):
     else:
         names.update(train="--split (train)", validation="--split (val)", test="--split (test)")
     names = inputs.display_names(names)
-    if os.path.lexists(args.out_dir) and not args.force:  # before reading big files
-        raise inputs.DatasetError(f"{args.out_dir}: already exists; use --force to replace it")
+    ondisk.check_out_dir(args.out_dir, args.force, input_paths(args))  # before reading big files
     features = load_npy(args.features)
     extra_features = {name: load_npy(path) for name, path in args.feature}
     labels = load_npy(args.labels)
@@ -332,6 +338,7 @@ def convert(args):
         args.out_dir, edges, features, labels, train, val, test,
         num_classes=args.num_classes, force=args.force, input_names=names,
         extra_features=extra_features, kind=args.label_kind,
+        inputs=input_paths(args),
     )
 
 

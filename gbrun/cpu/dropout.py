@@ -13,7 +13,8 @@ torch's generator, so a seeded run repeats digit for digit, at any thread
 count.
 
 The kernel is a small C file compiled once per machine with the C compiler
-(`$CC`, else `cc`), cached under ~/.cache/gbrun; without a compiler the
+(`$CC`, else `cc`), cached in gbrun.cache's directory (~/.cache/gbrun,
+if it is this user's own); without a compiler the
 model keeps torch's dropout (kernel_problem() says why).
 
 Module state: `_kernel`, the kernel this process loaded (or why it could
@@ -33,6 +34,7 @@ import torch.nn as nn
 from torch.autograd.function import once_differentiable
 
 from . import info
+from .. import cache
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "dropout.c")
@@ -90,7 +92,7 @@ def _build():
         str((stat.st_size, stat.st_mtime_ns)).encode(), info.description().encode(),
         str(openmp).encode(),
     ])).hexdigest()[:16]
-    directory = _cache_dir()
+    directory = cache.cache_dir()  # this user's only (gbrun.cache)
     path = os.path.join(directory, f"dropout-{key}.so")
     if os.path.exists(path):
         return path
@@ -128,20 +130,6 @@ def _openmp_runtime():
     runtimes = sorted(p for p in paths if os.path.basename(p).startswith(
         ("libgomp", "libiomp", "libomp")))
     return runtimes[0] if runtimes else None
-
-
-def _cache_dir():
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    for directory in (os.path.join(root, "gbrun"),
-                      os.path.join(tempfile.gettempdir(),
-                                   f"gbrun-{os.getuid()}")):
-        try:
-            os.makedirs(directory, exist_ok=True)
-            if os.access(directory, os.W_OK):
-                return directory
-        except OSError:
-            continue
-    raise OSError("no writable cache directory for the dropout kernel")
 
 
 def fuse_dropout(model):

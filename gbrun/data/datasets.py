@@ -6,9 +6,12 @@ import os
 
 import torch
 
+from ..cache import CacheError
 from ..cli import UsageError
 from ..graphbolt import gb
+from . import fingerprint, staging
 from . import labels as label_checks
+from .metadata import METADATA_FILE, MetadataError, read_metadata
 
 BUILTIN_DATASETS = ["cora", "ogbn-arxiv", "ogbn-products", "ogbn-papers100M"]
 # The task's splits, in the order a Job's item sets hold them.
@@ -31,11 +34,34 @@ def node_keys(feature_keys):
 
 
 def load_dataset(name_or_dir, data_root="datasets"):
-    """The one place that reads datasets (the scripts use it too): a builtin
-    GraphBolt dataset (downloaded under `data_root` on first use) or an
-    OnDiskDataset directory, by its real path: GraphBolt preprocesses a
-    directory again whenever it is spelled differently."""
-    if name_or_dir in BUILTIN_DATASETS:
+    """The one place that reads datasets (the scripts use it too): an
+    OnDiskDataset directory, read as data only (gbrun.data.metadata), never
+    written to, and preprocessed once per content into gbrun's cache
+    (gbrun.data.staging); or else a builtin GraphBolt dataset, downloaded
+    from DGL under `data_root` on first use and loaded as GraphBolt ships
+    it."""
+    if os.path.isdir(name_or_dir):
+        if not os.path.isfile(os.path.join(name_or_dir, METADATA_FILE)):
+            builtin = (f" (for the builtin dataset '{name_or_dir}', run "
+                       "from another directory)"
+                       if name_or_dir in BUILTIN_DATASETS else "")
+            raise UsageError(
+                f"--dataset '{name_or_dir}' is a directory without "
+                f"metadata.yaml, so it is not a GraphBolt OnDiskDataset"
+                f"{builtin}"
+            )
+        try:
+            metadata = read_metadata(name_or_dir)
+            files = fingerprint.fingerprint(name_or_dir, metadata)
+            path, made = staging.staged(name_or_dir, metadata, files)
+        except (MetadataError, CacheError) as error:
+            raise UsageError(f"dataset '{name_or_dir}': {error}") from None
+        if made:
+            print(f"Preprocessed dataset '{name_or_dir}' into {path} (once "
+                  "for these bytes; the dataset itself is only read).",
+                  flush=True)
+        dataset = staging.open_graphbolt(path).load()
+    elif name_or_dir in BUILTIN_DATASETS:
         try:
             dataset = gb.BuiltinDataset(name_or_dir, root=data_root).load()
         except Exception as error:
@@ -45,13 +71,6 @@ def load_dataset(name_or_dir, data_root="datasets"):
                 "make one with scripts/make_synthetic_dataset.py DIR and pass "
                 "--dataset DIR"
             ) from None
-    elif os.path.isdir(name_or_dir):
-        if not os.path.isfile(os.path.join(name_or_dir, "metadata.yaml")):
-            raise UsageError(
-                f"--dataset '{name_or_dir}' is a directory without "
-                "metadata.yaml, so it is not a GraphBolt OnDiskDataset"
-            )
-        dataset = gb.OnDiskDataset(os.path.realpath(name_or_dir)).load()
     else:
         raise UsageError(
             f"--dataset '{name_or_dir}' is neither a builtin dataset "
@@ -63,10 +82,22 @@ def load_dataset(name_or_dir, data_root="datasets"):
 
 
 def dataset_identity(name_or_dir):
-    """How a checkpoint names its dataset: a builtin's name or a real path."""
-    if name_or_dir in BUILTIN_DATASETS:
+    """How a checkpoint names its dataset, by content: {file in the
+    dataset: its size and SHA-256} (gbrun.data.fingerprint), for a
+    directory or a file (DGL partitions' config); a builtin's name."""
+    if os.path.isdir(name_or_dir):
+        files = fingerprint.fingerprint(name_or_dir,
+                                        read_metadata(name_or_dir))
+    elif os.path.isfile(name_or_dir):
+        files = {os.path.basename(name_or_dir): "{}:{}".format(
+            os.path.getsize(name_or_dir), fingerprint.file_digest(name_or_dir))}
+    else:
         return name_or_dir
-    return os.path.realpath(name_or_dir)
+    described = {}
+    for path, value in files.items():
+        size, digest = value.split(":")
+        described[path] = f"{size} bytes, sha256 {digest[:12]}"
+    return described
 
 
 # Where a user with a heterogeneous graph reads what to do.

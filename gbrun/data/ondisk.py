@@ -29,6 +29,7 @@ one line that names the input, the problem and an example bad value.
 """
 
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -146,14 +147,48 @@ def _write_files(directory, edges, features, labels, splits, metadata,
         yaml.safe_dump(metadata, f, sort_keys=False)
 
 
-def _refuse_existing(out_dir, force):
-    if os.path.lexists(out_dir) and not force:
-        raise DatasetError(f"{out_dir}: already exists; use --force (force=True) to replace it")
-    # --force replaces the whole directory: never the one we are standing in.
-    here = os.path.realpath(os.getcwd())
+# What a directory this module wrote holds (and GraphBolt's preprocessed/,
+# which dgl wrote into datasets before gbrun.data.staging): --force replaces
+# such a directory, and nothing else.
+WRITTEN = re.compile(
+    r"^(metadata\.yaml|edges(_\d+)?\.npy|node_feat(_\d+)?\.npy|node_label\.npy"
+    r"|(train|valid|test)_(seed_nodes|labels)\.npy|preprocessed)$")
+
+
+def check_out_dir(out_dir, force, inputs=()):
+    """Refuses (DatasetError) to write `out_dir` where it exists, unless
+    `force` and it is a dataset this module wrote: a directory holding
+    metadata.yaml and only the files written here, none of them `inputs`
+    (paths the caller reads), and neither the home directory, a mount
+    point, nor the current directory or one above it."""
+    if not os.path.lexists(out_dir):
+        return
+    if not force:
+        raise DatasetError(f"{out_dir}: already exists; use --force to replace it")
     target = os.path.realpath(out_dir)
+    here = os.path.realpath(os.getcwd())
     if here == target or here.startswith(target.rstrip(os.sep) + os.sep):
         raise DatasetError(f"{out_dir}: refusing to replace the current directory or one above it")
+    refuse = None
+    if target == os.path.realpath(os.path.expanduser("~")):
+        refuse = "it is the home directory"
+    elif os.path.islink(out_dir) or not os.path.isdir(out_dir):
+        refuse = "it is not a directory"
+    elif os.path.ismount(target):
+        refuse = "it is a mount point"
+    elif not os.path.isfile(os.path.join(target, "metadata.yaml")):
+        refuse = "it holds no metadata.yaml, so it is not a dataset"
+    else:
+        others = sorted(name for name in os.listdir(target) if not WRITTEN.match(name))
+        inside = [path for path in inputs if os.path.realpath(path).startswith(target + os.sep)]
+        if others:
+            shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+            refuse = f"it holds files this script does not write ({shown})"
+        elif inside:
+            refuse = f"it holds this command's input {inside[0]}"
+    if refuse:
+        raise DatasetError(f"{out_dir}: --force replaces only a dataset this project wrote, "
+                           f"and {refuse}; nothing was removed")
 
 
 def _make_sibling_dir(parent, prefix):
@@ -167,7 +202,7 @@ def _make_sibling_dir(parent, prefix):
             continue
 
 
-def _write_atomically(out_dir, force, write):
+def _write_atomically(out_dir, force, write, inputs=()):
     """Call write(tmp_dir), then move tmp_dir to out_dir in one rename.
 
     The temp dir sits next to out_dir (same file system, so rename is
@@ -182,7 +217,7 @@ def _write_atomically(out_dir, force, write):
     old_dir = None
     try:
         write(tmp_dir)
-        _refuse_existing(out_dir, force)  # again: it may have appeared meanwhile
+        check_out_dir(out_dir, force, inputs)  # again: it may have appeared meanwhile
         if os.path.lexists(out_dir):
             old_dir = _make_sibling_dir(parent, f".{base}.old-")
             os.rename(out_dir, os.path.join(old_dir, base))
@@ -216,6 +251,7 @@ def write_ondisk_dataset(
     input_names=None,
     extra_features=None,
     kind=None,
+    inputs=(),
 ):
     """Validate the arrays and write them as a GraphBolt OnDiskDataset.
 
@@ -230,6 +266,9 @@ def write_ondisk_dataset(
         (keys: edges, features, labels, train, validation, test, and
         "feature NAME" for an extra feature).
     extra_features: optional {name: float (N, F_k)}, more node features.
+    force: replace out_dir if it is a dataset written here (check_out_dir).
+    inputs: paths the caller read the arrays from, which --force must
+        not delete.
     Returns a summary dict. Raises DatasetError; never leaves out_dir half
     written, and never touches the disk when validation fails.
     """
@@ -237,7 +276,7 @@ def write_ondisk_dataset(
     edges, features, labels = (np.asanyarray(a) for a in (edges, features, labels))
     extra_features = {k: np.asanyarray(v) for k, v in (extra_features or {}).items()}
     splits = {"train": train_idx, "validation": val_idx, "test": test_idx}
-    _refuse_existing(out_dir, force)  # fail before the slow checks
+    check_out_dir(out_dir, force, inputs)  # fail before the slow checks
     kind = label_kind(labels, kind)
     num_classes = validate_inputs(edges, features, labels, splits, num_classes, names,
                                   extra_features, kind)
@@ -252,7 +291,7 @@ def write_ondisk_dataset(
     _write_atomically(
         out_dir, force,
         lambda tmp: _write_files(tmp, edges, features, labels, splits, metadata,
-                                 extra_features, kind),
+                                 extra_features, kind), inputs=inputs,
     )
     return {
         "out_dir": out_dir,
@@ -302,7 +341,8 @@ def _hetero_metadata(name, num_nodes, edge_files, feature_files, target,
 
 def write_hetero_dataset(out_dir, num_nodes, edges, labels, train_idx,
                          val_idx, test_idx, target, features=None,
-                         num_classes=None, name=None, force=False, kind=None):
+                         num_classes=None, name=None, force=False, kind=None,
+                         inputs=()):
     """Validate and write a graph of several node and edge types.
 
     num_nodes: {node type: count}. edges: {"src:relation:dst": int (2, E)},
@@ -318,7 +358,7 @@ def write_hetero_dataset(out_dir, num_nodes, edges, labels, train_idx,
     features = {ntype: np.asanyarray(rows) for ntype, rows in (features or {}).items()}
     labels = np.asanyarray(labels)
     splits = {"train": train_idx, "validation": val_idx, "test": test_idx}
-    _refuse_existing(out_dir, force)
+    check_out_dir(out_dir, force, inputs)
     check_types(num_nodes, edges, features, target)
     kind = label_kind(labels, kind)
     names = display_names({"labels": f"labels of {target}",
@@ -350,7 +390,7 @@ def write_hetero_dataset(out_dir, num_nodes, edges, labels, train_idx,
         with open(os.path.join(directory, "metadata.yaml"), "w") as f:
             yaml.safe_dump(metadata, f, sort_keys=False)
 
-    _write_atomically(out_dir, force, write)
+    _write_atomically(out_dir, force, write, inputs)
     return {
         "out_dir": out_dir,
         "num_nodes": {ntype: int(count) for ntype, count in num_nodes.items()},

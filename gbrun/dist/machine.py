@@ -1,10 +1,10 @@
 """One machine's part of a job started as DGL's tools/launch.py starts it,
 with nothing watching it (scripts/check_gpu.py and the tests use it)."""
 import os
+import random
+import socket
 import subprocess
 import sys
-
-from ..plan import free_port
 
 
 def start_one_machine(command, part_config, num_trainers, out_dir,
@@ -41,3 +41,29 @@ def start_one_machine(command, part_config, num_trainers, out_dir,
         "DGL_DIST_MODE": "distributed", "DGL_ROLE": "client",
         "DGL_GROUP_ID": "0", "OMP_NUM_THREADS": "1"})
     return server, trainers
+
+
+def free_port():
+    """A TCP port free now, for a graph server or rendezvous that binds it
+    seconds later (two jobs never collide on a fixed port). It comes from
+    below the kernel's ephemeral range, read from /proc (psutil does not
+    give it): a port in that range can be handed to any outgoing connection
+    on the machine before the server binds it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768  # Linux's default
+    below = range(max(1024, ephemeral_low - 12000), ephemeral_low)
+    # Not the seeded generator: two runs with one --seed pick apart.
+    tries = random.SystemRandom().sample(below, min(100, len(below)))
+    for port in tries:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))  # let the kernel choose
+        return sock.getsockname()[1]
