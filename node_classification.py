@@ -123,8 +123,9 @@ def resume_key(model, optimizer, scheduler, args, fanout):
     """What a checkpoint must agree on to be resumed, derived from the model
     itself (its class and constructor arguments, as its repr shows them, and
     every parameter's shape), the optimizer and scheduler (class and
-    hyperparameters) and what shapes the data: a checkpoint of anything else
-    is refused in one line before a rank starts. "steps", what cuts an epoch
+    hyperparameters), the dataset (by content), the features and labels read
+    and what shapes the data: a checkpoint of anything else is refused in
+    one line before a rank starts. "steps", what cuts an epoch
     into steps, is compared only for a checkpoint saved inside an epoch."""
     return {
         "model": {
@@ -134,6 +135,8 @@ def resume_key(model, optimizer, scheduler, args, fanout):
         "optimizer": checkpoint.hyperparameters(optimizer),
         "scheduler": checkpoint.hyperparameters(scheduler),
         "dataset": datasets.dataset_identity(args.dataset),
+        "features": FEATURE_KEYS,
+        "labels": [LABEL_KEY, LABELS],
         "fanout": fanout,
         "precision": args.precision,
         "steps": {"batch_size": args.batch_size},

@@ -4,10 +4,13 @@ start_or_resume decides, once and before any rank trains, where a run
 starts (a Start): from scratch, or from a checkpoint it checks against the
 example's resume key and this launch. gbrun.progress.Progress saves and
 restores the run with the file functions here: checkpoint.pt after every
-epoch and when stopped, model.pt at the end. Checkpoints hold
+epoch and when stopped, model.pt at the end, with model.json beside it
+(what the model was made with: its resume key, which load_model checks).
+Checkpoints hold
 tensors and plain data only, and load with weights_only=True.
 """
 import inspect
+import json
 import os
 import pickle
 from dataclasses import dataclass
@@ -18,11 +21,14 @@ from .cli import UsageError
 
 CHECKPOINT_FILE = "checkpoint.pt"
 MODEL_FILE = "model.pt"
+MODEL_CONFIG_FILE = "model.json"
 REQUIRED = {"model", "optimizer", "epoch", "seed", "config"}
 # The part of a resume key that says how an epoch is cut into steps (the
 # batch size): compared only for a checkpoint saved inside an epoch, whose
 # resume skips the steps it trained.
 STEPS_KEY = "steps"
+# The part that names the dataset (gbrun.data.datasets.dataset_identity).
+DATASET_KEY = "dataset"
 
 
 @dataclass
@@ -46,22 +52,37 @@ def start_or_resume(args, key, plan, epochs):
     --log-dir; with --resume, loads the checkpoint and refuses, in one line,
     one that this run cannot continue: made with another `key` (the
     example's resume key, plus the dropout `plan` runs), another number of
-    ranks inside an epoch, another seed, or already at `epochs`."""
+    ranks inside an epoch, another seed, or already at `epochs`. A finished
+    run's checkpoint predicts (--predict) on another dataset, said in one
+    line; training on one is refused."""
     key = dict(key, dropout="fused" if plan.fused_dropout else "torch")
     for directory in (args.checkpoint_dir, args.log_dir):
         if directory:
             os.makedirs(directory, exist_ok=True)
     checkpoint, seed = None, args.seed
     if args.resume:
-        checkpoint = load_checkpoint(args.checkpoint_dir, key)
+        predicting = bool(getattr(args, "predict", None))
+        checkpoint = load_checkpoint(args.checkpoint_dir, key, ignore=(
+            DATASET_KEY,) if predicting else ())
         check_resume(checkpoint, args, plan.world_size, epochs)
+        then = checkpoint["config"].get(DATASET_KEY)
+        if then != key.get(DATASET_KEY):
+            other = difference(then, key.get(DATASET_KEY))
+            if checkpoint["epoch"] < epochs:
+                raise UsageError(
+                    f"checkpoint in '{args.checkpoint_dir}' was made with "
+                    f"another dataset ({other}): it predicts on this one "
+                    "once its run is finished (--predict), but trains on "
+                    "none but its own")
+            print(f"Predicting with the model trained on another dataset "
+                  f"({other}).", flush=True)
         # Without --seed the run continues the checkpoint's sequence.
         seed = checkpoint["seed"] if args.seed is None else args.seed
     return Start(checkpoint, seed, epochs, args.max_batches,
                  args.checkpoint_dir, args.log_dir, key)
 
 
-def load_checkpoint(directory, config):
+def load_checkpoint(directory, config, ignore=()):
     path = os.path.join(directory, CHECKPOINT_FILE)
     if not os.path.isfile(path):
         raise UsageError(f"--resume: there is no checkpoint '{path}'")
@@ -83,7 +104,7 @@ def load_checkpoint(directory, config):
         raise UsageError(unreadable(path, error)) from None
     for key, value in config.items():
         saved = saved_config.get(key)
-        if saved == value:
+        if saved == value or key in ignore:
             continue
         if key == STEPS_KEY:
             if not checkpoint.get("step"):
@@ -254,3 +275,43 @@ def save_atomically(obj, path, save=None):
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def save_model(model, directory, key):
+    """The trained `model`'s state_dict as model.pt in `directory`, and, as
+    model.json, what rebuilds and checks it: the model's class and sizes
+    (its repr) and parameter shapes, and the run's resume `key` (dataset,
+    features, labels, ...)."""
+    save_atomically(cpu_state(model), os.path.join(directory, MODEL_FILE))
+    config = {"model": described(model), "key": key}
+    save_atomically(config, os.path.join(directory, MODEL_CONFIG_FILE),
+                    save=lambda config, f: f.write(
+                        json.dumps(config, indent=1).encode()))
+
+
+def described(model):
+    """A model's class and sizes (its repr) and parameter shapes."""
+    return {"repr": repr(model),
+            "shapes": {k: list(v.shape) for k, v in model.state_dict().items()}}
+
+
+def load_model(model, directory):
+    """`model` (built as the example builds it) with the weights of
+    `directory`'s model.pt, once model.json says they were trained by such
+    a model (the same class, sizes and parameter shapes); otherwise one line
+    (UsageError). Returns the run's resume key from model.json (what else
+    the model was trained with: dataset, features, labels)."""
+    path = os.path.join(directory, MODEL_CONFIG_FILE)
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"{path}: cannot be read ({error}); --checkpoint-dir "
+                         "writes it beside model.pt") from None
+    if config.get("model") != described(model):
+        raise UsageError(
+            f"{os.path.join(directory, MODEL_FILE)} was trained by another "
+            f"model ({difference(config.get('model'), described(model))})")
+    model.load_state_dict(torch.load(os.path.join(directory, MODEL_FILE),
+                                     map_location="cpu", weights_only=True))
+    return config["key"]

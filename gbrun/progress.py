@@ -32,8 +32,8 @@ from torch.nn.parallel import DistributedDataParallel
 from . import stop as stopping
 from .batches import Batches
 from .checkpoint import (
-    CHECKPOINT_FILE, MODEL_FILE, check_plain, cpu_state, cpu_values,
-    save_atomically,
+    CHECKPOINT_FILE, check_plain, cpu_state, cpu_values, save_atomically,
+    save_model,
 )
 from .cli import UsageError
 from .launch import barrier
@@ -187,14 +187,15 @@ class Progress:
                 **record, **batches.speed_record()})
 
     def save_final(self, record):
-        """On rank 0 at the end (a no-op elsewhere): the trained model as
-        model.pt, and `record` (the test result) with the number of ranks as
-        a line of metrics.jsonl."""
+        """On rank 0 at the end (a no-op elsewhere): the model this run
+        trained as model.pt (a run that resumed a finished checkpoint, to
+        predict, trained none), and `record` (the test result) with the
+        number of ranks as a line of metrics.jsonl."""
         if self.rank != 0:
             return
-        if self.start.checkpoint_dir:
-            save_atomically(cpu_state(self.states["model"]),
-                            os.path.join(self.start.checkpoint_dir, MODEL_FILE))
+        if self.start.checkpoint_dir and self.start_epoch < self.start.epochs:
+            save_model(self.states["model"], self.start.checkpoint_dir,
+                       self.start.key)
         if self.start.log_dir:
             append_metrics(self.start.log_dir,
                            {**record, "ranks": self.world_size})
