@@ -138,9 +138,11 @@ def load_job(args, example, plan, env=os.environ):
     datasets.check_train_split(info["num_train"], args.batch_size,
                                      trainers)
     # A server's plan is its machine's last trainer's: the job has more.
+    # Trainer 0 writes the checkpoints, so it holds the directory's lock.
     start = checkpoint.start_or_resume(
         args, key, dataclasses.replace(plan, world_size=trainers),
-        args.epochs)
+        args.epochs, lock=env.get("DGL_ROLE") != "server"
+        and plan.rank_offset == 0)
     # The item sets as on one machine, in the partitions' node ids (an edit
     # may read them: class weights from the training labels).
     item_sets = load_item_sets(os.path.dirname(args.part_config))

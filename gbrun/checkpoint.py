@@ -9,9 +9,12 @@ epoch and when stopped, model.pt at the end, with model.json beside it
 Checkpoints hold
 tensors and plain data only, and load with weights_only=True.
 """
+import fcntl
 import inspect
 import json
 import os
+import socket
+import tempfile
 import pickle
 from dataclasses import dataclass
 
@@ -22,6 +25,7 @@ from .cli import UsageError
 CHECKPOINT_FILE = "checkpoint.pt"
 MODEL_FILE = "model.pt"
 MODEL_CONFIG_FILE = "model.json"
+LOCK_FILE = "lock"
 REQUIRED = {"model", "optimizer", "epoch", "seed", "config"}
 # The part of a resume key that says how an epoch is cut into steps (the
 # batch size): compared only for a checkpoint saved inside an epoch, whose
@@ -45,20 +49,63 @@ class Start:
     checkpoint_dir: str
     log_dir: str
     key: dict
+    # The checkpoint directory's lock (a DirectoryLock), held by the process
+    # that made the Start for as long as it keeps it: not handed to ranks.
+    lock: object = None
+
+    def __getstate__(self):
+        return dict(self.__dict__, lock=None)
 
 
-def start_or_resume(args, key, plan, epochs):
+class DirectoryLock:
+    """An exclusive advisory lock (flock) on `directory`'s LOCK_FILE, for as
+    long as this object lives: one job per checkpoint directory. The kernel
+    releases it when its holder dies, so a crash never leaves it stale. A
+    directory another process holds is refused in one line naming it."""
+
+    def __init__(self, directory):
+        path = os.path.join(directory, LOCK_FILE)
+        self.descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
+                                  0o644)
+        try:
+            fcntl.flock(self.descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(self.descriptor, 1000).decode(errors="replace")
+            self.close()
+            raise UsageError(
+                f"--checkpoint-dir {directory} is in use by another job "
+                f"({holder.strip() or 'its holder is unnamed'}): wait for it "
+                "to end, or use another directory") from None
+        os.ftruncate(self.descriptor, 0)
+        os.write(self.descriptor, f"pid {os.getpid()} on "
+                 f"{socket.gethostname()}".encode())
+
+    def close(self):
+        if self.descriptor is not None:
+            os.close(self.descriptor)  # releases the lock
+            self.descriptor = None
+
+    __del__ = close
+
+
+def start_or_resume(args, key, plan, epochs, lock=None):
     """Where the run starts (a Start). Creates --checkpoint-dir and
     --log-dir; with --resume, loads the checkpoint and refuses, in one line,
     one that this run cannot continue: made with another `key` (the
     example's resume key, plus the dropout `plan` runs), another number of
     ranks inside an epoch, another seed, or already at `epochs`. A finished
     run's checkpoint predicts (--predict) on another dataset, said in one
-    line; training on one is refused."""
+    line; training on one is refused. Takes the checkpoint directory's
+    lock (DirectoryLock) where `lock`, by default in the process of global
+    rank 0 (the launcher under mp.spawn), which writes the checkpoints."""
     key = dict(key, dropout="fused" if plan.fused_dropout else "torch")
     for directory in (args.checkpoint_dir, args.log_dir):
         if directory:
             os.makedirs(directory, exist_ok=True)
+    if lock is None:
+        lock = plan.rank_offset == 0
+    held = DirectoryLock(args.checkpoint_dir) if (
+        lock and args.checkpoint_dir) else None
     checkpoint, seed = None, args.seed
     if args.resume:
         predicting = bool(getattr(args, "predict", None))
@@ -79,7 +126,7 @@ def start_or_resume(args, key, plan, epochs):
         # Without --seed the run continues the checkpoint's sequence.
         seed = checkpoint["seed"] if args.seed is None else args.seed
     return Start(checkpoint, seed, epochs, args.max_batches,
-                 args.checkpoint_dir, args.log_dir, key)
+                 args.checkpoint_dir, args.log_dir, key, held)
 
 
 def load_checkpoint(directory, config, ignore=()):
@@ -260,9 +307,13 @@ def check_plain(value, where):
 def save_atomically(obj, path, save=None):
     """Write with `save(obj, file)` (torch.save by default), flush to disk,
     then rename: a crash while saving leaves the previous file intact."""
-    temporary = f"{path}.tmp{os.getpid()}"
+    # A new file of a name nobody could plant a symlink at beforehand.
+    descriptor, temporary = tempfile.mkstemp(
+        dir=os.path.dirname(os.path.abspath(path)),
+        prefix=f".{os.path.basename(path)}.")
+    os.fchmod(descriptor, 0o666 & ~umask())  # as open() would make it
     try:
-        with open(temporary, "wb") as f:
+        with os.fdopen(descriptor, "wb") as f:
             (save or torch.save)(obj, f)
             f.flush()
             os.fsync(f.fileno())
@@ -275,6 +326,19 @@ def save_atomically(obj, path, save=None):
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def umask():
+    """This process's umask, read where reading does not change it (Linux
+    shows it in /proc/self/status); Linux's usual 022 otherwise."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
 
 
 def save_model(model, directory, key):

@@ -5,6 +5,7 @@ Each rank runs the example's `run(rank, plan, args, job)` through run_rank,
 which installs the rank's stop signal, reports its failure once, waits for
 the other ranks at the end and tears its process group down.
 """
+import ctypes
 import dataclasses
 import multiprocessing.connection
 import os
@@ -18,6 +19,7 @@ import traceback
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import setproctitle
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.reductions import ForkingPickler
@@ -77,7 +79,7 @@ def spawn(run, plan, args, job):
     # removed when the job ends: nothing listens on the network.
     with tempfile.TemporaryDirectory(prefix="gbrun-rendezvous-") as meeting:
         plan = dataclasses.replace(plan, init_method=f"file://{meeting}/store")
-        os.environ.update(plan.rank_env)
+        os.environ.update(plan.rank_env, GBRUN_COMMAND=launch_command())
         stop_request = mp.get_context("spawn").Value("i", 0)
         ranks = SimpleNamespace(processes=[])
         # From here on a signal is a stop request, also while the ranks start:
@@ -95,7 +97,8 @@ def spawn(run, plan, args, job):
         try:
             context = mp.spawn(
                 run_rank,
-                args=(run, plan, args, job, stop_request),
+                args=(run, plan, args, job, stop_request, None, None,
+                      os.getpid()),
                 nprocs=plan.world_size,
                 join=False,
             )
@@ -175,7 +178,7 @@ def join_ranks(context, grace_s=RANK_GRACE_S):
 
 
 def run_rank(rank, run, plan, args, job, stop_request=None, on_failure=None,
-             report=None):
+             report=None, parent=None):
     """The entry point of each rank: run() with the rank's stop signal
     installed (gbrun.stop), its failure reported, a wait for every rank at
     the end (rank 0 hosts the rendezvous store: nobody leaves before all are
@@ -187,7 +190,12 @@ def run_rank(rank, run, plan, args, job, stop_request=None, on_failure=None,
     (the distributed trainer's TrainerWatch: a dead sampler, a lost server,
     no progress), so that the failure is reported once, by whichever comes
     first (the other one's report is a consequence: the main thread's error
-    on the dead sampler's queue); by default, a lock of this call's own."""
+    on the dead sampler's queue); by default, a lock of this call's own.
+    The rank dies with its parent (die_with_parent: `parent`, the spawning
+    launcher's pid, or torchrun's agent) and shows in `ps` as the launch's
+    command line with its rank."""
+    die_with_parent(parent)
+    setproctitle.setproctitle(f"{launch_command()} [rank {rank}]")
     if report is None:
         report = threading.Lock()
     stopped_by = 0
@@ -216,6 +224,30 @@ def run_rank(rank, run, plan, args, job, stop_request=None, on_failure=None,
             destroy_process_group()
     if stopped_by:
         sys.exit(128 + stopped_by)
+
+
+# prctl(2)'s option: a signal when the parent dies (psutil has no prctl).
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid=None):
+    """This process gets SIGKILL when its parent dies (a launcher the OOM
+    killer chose, a closed terminal, torchrun's agent, a trainer whose DGL
+    sampler this is), instead of training on and writing checkpoints that
+    a new job on the same directory would race. Exits at once where
+    `parent_pid` is given and already gone."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def launch_command():
+    """How the launch was started, as `ps` shows a command (a spawned rank's
+    own command line is multiprocessing's): the launcher's, passed on in
+    GBRUN_COMMAND, or this process's."""
+    return os.environ.get("GBRUN_COMMAND") or " ".join(
+        [os.path.basename(sys.executable), *sys.argv])
 
 
 def wait_for_every_rank(rank, plan):

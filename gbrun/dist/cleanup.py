@@ -2,38 +2,25 @@
 cleaned up: its sampler processes (they die with their trainer) and the
 job's POSIX shared memory in /dev/shm (DGL unlinks it only in destructors
 that a failing process skips)."""
-import ctypes
 import multiprocessing.util
 import os
 import re
 import shutil
-import signal
 import sys
 
 import psutil
 
-# prctl(2)'s option: a signal when the parent dies (psutil has no prctl).
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_trainer(trainer_pid):
-    """In each of DGL's sampler processes (a task the trainer sends them
-    all): SIGKILL when the trainer dies, instead of waiting for its tasks
-    for ever."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != trainer_pid:  # it died before the prctl
-        os._exit(1)
-
+from ..launch import die_with_parent
 
 def samplers_die_with_trainer():
-    """Sends die_with_trainer to this trainer's DGL sampler processes, if
-    it has any (DGL_NUM_SAMPLER > 0)."""
+    """Makes this trainer's DGL sampler processes, if it has any
+    (DGL_NUM_SAMPLER > 0), die with it (gbrun.launch.die_with_parent, a
+    task sent to them all) instead of waiting for its tasks for ever."""
     from dgl.distributed.dist_context import get_sampler_pool
 
     pool, _ = get_sampler_pool()
     if pool is not None:
-        pool.submit_task_to_all_workers(die_with_trainer, os.getpid())
+        pool.submit_task_to_all_workers(die_with_parent, os.getpid())
 
 
 def fail_fast(graph_name, flush=True):
