@@ -2,13 +2,18 @@
 and one for the test result, appended, so that a resumed run continues the
 file. Loads no torch: scripts/plot_metrics.py and the benchmark read it."""
 import json
+import math
 import os
 
 METRICS_FILE = "metrics.jsonl"
 
 
 def append_metrics(directory, record):
-    """Appends `record` (a dict of plain values) as one line to
-    `directory`'s metrics.jsonl."""
+    """Appends `record` (a dict of plain values) as one line of strict JSON
+    to `directory`'s metrics.jsonl: a value that is no number (NaN, an
+    epoch without validation items) is null, which every JSON reader
+    takes, not a bare NaN."""
+    record = {key: None if isinstance(value, float) and not math.isfinite(
+        value) else value for key, value in record.items()}
     with open(os.path.join(directory, METRICS_FILE), "a") as f:
-        f.write(json.dumps(record) + "\n")
+        f.write(json.dumps(record, allow_nan=False) + "\n")

@@ -53,7 +53,9 @@ def plot(runs, out):
         epochs = [r["epoch"] for r in records]
         key = f"val_{metric_name(records).lower()}"
         loss_axes.plot(epochs, [r["loss"] for r in records], marker="o", label=label)
-        acc_axes.plot(epochs, [r[key] for r in records], marker="o", label=label)
+        # null (an epoch without validation items): a gap in the line.
+        acc_axes.plot(epochs, [float("nan") if r[key] is None else r[key]
+                               for r in records], marker="o", label=label)
     name = " / ".join(sorted({metric_name(records) for _, records in runs}))
     loss_axes.set(xlabel="epoch", ylabel="average training loss", title="Loss")
     acc_axes.set(xlabel="epoch", ylabel=f"validation {name}", title=name)
