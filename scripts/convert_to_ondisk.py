@@ -338,7 +338,8 @@ def convert(args):
         args.out_dir, edges, features, labels, train, val, test,
         num_classes=args.num_classes, force=args.force, input_names=names,
         extra_features=extra_features, kind=args.label_kind,
-        inputs=input_paths(args),
+        inputs=input_paths(args), edges_as_given=(args.drop_self_loops,
+                                                  args.add_reverse_edges),
     )
 
 

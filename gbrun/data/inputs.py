@@ -195,7 +195,9 @@ def check_extra_features(extra_features, num_nodes, names):
 
 
 def check_splits(splits, num_nodes, names):
-    """Split ids: 1-D integers, in range, no repeats, disjoint, train non-empty."""
+    """Split ids: 1-D integers, in range, no repeats, disjoint, none empty
+    (the example trains on the train set, and validates and tests on the
+    others: it refuses a dataset with an empty one)."""
     owner = np.zeros(num_nodes, dtype=np.int8)  # 0 = unused, k = k-th split
     for k, (split, ids) in enumerate(splits.items(), start=1):
         where = names[split]
@@ -206,6 +208,11 @@ def check_splits(splits, num_nodes, names):
             )
         if split == "train" and ids.size == 0:
             raise DatasetError(f"{where}: the train set is empty")
+        if ids.size == 0:
+            raise DatasetError(
+                f"{where}: the {split} set is empty, and the example "
+                f"{'validates' if split == 'validation' else 'tests'} on it "
+                "(give it nodes, e.g. --split 0.6,0.2,0.2)")
         _check_id_range(ids, num_nodes, where, "position", names["features"])
         ids = ids.astype(np.int64, copy=False)  # bincount refuses uint64
         counts = np.bincount(ids, minlength=num_nodes)
@@ -272,6 +279,30 @@ def find_warnings(edges, labels, train_idx, num_nodes, num_classes, kind=None):
     if absent.size:
         shown = ", ".join(str(c) for c in absent[:10]) + (", ..." if absent.size > 10 else "")
         warnings.append(f"{absent.size} of {num_classes} classes have no train nodes: {shown}")
+    return warnings
+
+
+def edge_warnings(edges, dropped_self_loops=False, deduplicated=False):
+    """One-line warnings about the edges as given: self-loops and edges
+    given twice, each with its count and the converter's option that
+    removes it (unless that option was used)."""
+    warnings = []
+    src, dst = np.asarray(edges[0]), np.asarray(edges[1])
+    loops = np.flatnonzero(src == dst)
+    if loops.size and not dropped_self_loops:
+        warnings.append(
+            f"{loops.size} self-loops (an edge from a node to itself), e.g. node "
+            f"{src[loops[0]]}; --drop-self-loops removes them")
+    if src.size and not deduplicated:
+        span = int(max(src.max(), dst.max())) + 1
+        keys = np.sort(src.astype(np.int64) * span + dst) if span < 3_000_000_000 else None
+        repeated = 0 if keys is None else int((keys[1:] == keys[:-1]).sum())
+        if repeated:
+            first = keys[1:][keys[1:] == keys[:-1]][0]
+            warnings.append(
+                f"{repeated} edges given more than once, e.g. {first // span} -> "
+                f"{first % span}; --add-reverse-edges keeps each directed edge once "
+                "(and adds its reverse)")
     return warnings
 
 

@@ -39,7 +39,7 @@ import yaml
 
 from .inputs import (
     BLOCK_ELEMENTS, DatasetError, check_labels, check_splits, check_types,
-    display_names, find_warnings, label_kind, validate_inputs,
+    display_names, edge_warnings, find_warnings, label_kind, validate_inputs,
 )
 
 # GraphBolt's preprocessing rewrites paths with .replace("pt", "npy"), so no
@@ -252,6 +252,7 @@ def write_ondisk_dataset(
     extra_features=None,
     kind=None,
     inputs=(),
+    edges_as_given=None,
 ):
     """Validate the arrays and write them as a GraphBolt OnDiskDataset.
 
@@ -269,6 +270,9 @@ def write_ondisk_dataset(
     force: replace out_dir if it is a dataset written here (check_out_dir).
     inputs: paths the caller read the arrays from, which --force must
         not delete.
+    edges_as_given: for edges a user gave, (self-loops dropped, edges
+        deduplicated): warn of self-loops and repeated edges the options
+        would remove (inputs.edge_warnings); None: no such warnings.
     Returns a summary dict. Raises DatasetError; never leaves out_dir half
     written, and never touches the disk when validation fails.
     """
@@ -284,6 +288,8 @@ def write_ondisk_dataset(
         labels = labels.reshape(labels.shape[0], -1)
     num_nodes = features.shape[0]
     warnings = find_warnings(edges, labels, train_idx, num_nodes, num_classes, kind)
+    if edges_as_given is not None:
+        warnings += edge_warnings(edges, *edges_as_given)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     name = name or os.path.basename(os.path.abspath(out_dir))
