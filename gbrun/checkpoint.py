@@ -9,12 +9,14 @@ epoch and when stopped, model.pt at the end, with model.json beside it
 Checkpoints hold
 tensors and plain data only, and load with weights_only=True.
 """
+import errno
 import fcntl
 import inspect
 import json
 import os
 import socket
 import tempfile
+import zipfile
 import pickle
 from dataclasses import dataclass
 
@@ -99,9 +101,13 @@ def start_or_resume(args, key, plan, epochs, lock=None):
     lock (DirectoryLock) where `lock`, by default in the process of global
     rank 0 (the launcher under mp.spawn), which writes the checkpoints."""
     key = dict(key, dropout="fused" if plan.fused_dropout else "torch")
-    for directory in (args.checkpoint_dir, args.log_dir):
+    predict = getattr(args, "predict", None)
+    for option, directory in (("--checkpoint-dir", args.checkpoint_dir),
+                              ("--log-dir", args.log_dir),
+                              ("--predict", predict and os.path.dirname(
+                                  os.path.abspath(predict)))):
         if directory:
-            os.makedirs(directory, exist_ok=True)
+            writable_directory(option, directory)
     if lock is None:
         lock = plan.rank_offset == 0
     held = DirectoryLock(args.checkpoint_dir) if (
@@ -129,10 +135,27 @@ def start_or_resume(args, key, plan, epochs, lock=None):
                  args.checkpoint_dir, args.log_dir, key, held)
 
 
+def writable_directory(option, directory):
+    """Makes `directory` where missing; refuses, in one line naming
+    `option`, one that cannot be made or written, before any rank trains
+    (not when the first epoch would save)."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"{option}: cannot make {directory} "
+                         f"({error.strerror})") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"{option}: {directory} is not writable")
+
+
 def load_checkpoint(directory, config, ignore=()):
     path = os.path.join(directory, CHECKPOINT_FILE)
     if not os.path.isfile(path):
         raise UsageError(f"--resume: there is no checkpoint '{path}'")
+    if not zipfile.is_zipfile(path):
+        # torch.save writes a zip archive: anything else is no checkpoint.
+        raise UsageError(unreadable(path, ValueError(
+            "not a zip archive, as torch.save writes")))
     try:
         # Tensors and plain containers only: nothing in the file can run.
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
@@ -318,6 +341,14 @@ def save_atomically(obj, path, save=None):
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, path)
+    except (OSError, RuntimeError) as error:
+        full = disk_full(error)
+        if full is None:
+            raise
+        raise UsageError(
+            f"could not write {path}: {full.strerror} (about "
+            f"{payload_bytes(obj) / 2**20:,.1f} MB to write); the previous "
+            f"{os.path.basename(path)} there, if any, is intact") from None
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
@@ -339,6 +370,29 @@ def umask():
     except OSError:
         pass
     return 0o022
+
+
+def disk_full(error):
+    """The OSError of a full disk (or quota) behind `error`, or None: torch's
+    zip writer raises a RuntimeError of its own while handling it."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC,
+                                                          errno.EDQUOT):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def payload_bytes(obj):
+    """The bytes of the tensors in `obj` (dicts, lists, tensors, arrays):
+    about what saving it writes."""
+    if isinstance(obj, dict):
+        return sum(payload_bytes(value) for value in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(payload_bytes(value) for value in obj)
+    return getattr(obj, "nbytes", 0) or (
+        obj.numel() * obj.element_size() if isinstance(obj, torch.Tensor)
+        else 0)
 
 
 def save_model(model, directory, key):

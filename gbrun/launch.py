@@ -112,6 +112,8 @@ def spawn(run, plan, args, job):
             # traceback.
             sys.exit("error: training failed; each failing rank's error is above")
         except mp.ProcessExitedException as error:
+            if refused_by_every_rank(context.processes):
+                sys.exit(2)  # rank 0 said why, in one line
             signum = stop_request.value or stopped_by_their_own(context.processes)
             if signum:
                 # Stopped on request; rank 0 said where and how to resume.
@@ -119,6 +121,14 @@ def spawn(run, plan, args, job):
             sys.exit(f"error: training failed: {error}")
         # Every rank ended well: done, also if a signal came too late to stop
         # training (during the last epoch's validation or the test).
+
+
+def refused_by_every_rank(processes):
+    """True where every rank ended as a refusal does (exit status 2: rank 0
+    printed the one line, gbrun.cli.fail), a full disk say."""
+    for process in processes:
+        process.join()  # join_ranks kills one that would not end
+    return {process.exitcode for process in processes} == {2}
 
 
 # How a rank that stopped on a signal exits.

@@ -127,7 +127,7 @@ class Progress:
         if self.rank == 0:
             self._check_saved(epoch)
         if self.start.checkpoint_dir:
-            barrier(self.device)
+            self._agree_saved(None)
         if self.stop.agreed_now() and epoch + 1 < self.start.epochs:
             if self.rank == 0:
                 stopping.report_stop(self.start.checkpoint_dir,
@@ -178,7 +178,13 @@ class Progress:
         if self.rank != 0:
             return
         if self.start.checkpoint_dir:
-            self._save(batches.epoch + 1, step=0, partial=None)
+            try:
+                self._save(batches.epoch + 1, step=0, partial=None)
+            except UsageError as error:
+                # A full disk: rank 0 meets the others at the barrier that
+                # waits for the checkpoint (_end_epoch) now, so that no
+                # epoch line is printed, and every rank ends.
+                self._agree_saved(f"{error}: --resume continues from it")
         # What a later step of the schedule or edit of `kept` would change.
         self.saved = dict(self._settings(),
                           kept=cpu_values(copy.deepcopy(self.kept)))
@@ -213,15 +219,31 @@ class Progress:
         ])
         gathered = [torch.zeros_like(sums) for _ in range(self.world_size)]
         dist.all_gather(gathered, sums)
+        error = None
         if self.rank == 0:
-            if self.start.checkpoint_dir:
-                partial = [[loss, int(count)] for loss, count in
-                           (g.tolist() for g in gathered)]
-                self._save(batches.epoch, batches.step, partial)
-            stopping.report_stop(self.start.checkpoint_dir, self.stop.signum,
-                                 batches.epoch, batches.step)
-        barrier(self.device)
+            try:
+                if self.start.checkpoint_dir:
+                    partial = [[loss, int(count)] for loss, count in
+                               (g.tolist() for g in gathered)]
+                    self._save(batches.epoch, batches.step, partial)
+                stopping.report_stop(self.start.checkpoint_dir,
+                                     self.stop.signum, batches.epoch,
+                                     batches.step)
+            except UsageError as failed:  # a full disk: every rank ends
+                error = f"{failed}: --resume continues from it"
+        self._agree_saved(error)
         raise stopping.Stopped(self.stop.signum)
+
+    def _agree_saved(self, error):
+        """Every rank, once rank 0 has tried to save a checkpoint (`error`:
+        why it could not, on rank 0): the barrier that waits for it, which
+        also tells every rank whether it failed. Then every rank ends with
+        that one line (UsageError: rank 0 says it, exit status 2), instead
+        of a traceback on rank 0 and the others' on the lost connection."""
+        failed = torch.tensor([int(error is not None)], device=self.device)
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+        if int(failed.item()):
+            raise UsageError(error or "rank 0 could not save the checkpoint")
 
     def _settings(self):
         """What a step of the schedule changes, by state: an optimizer's
