@@ -1261,7 +1261,7 @@ def test_several_node_types_train_and_predict_on_two_machines(
     import numpy as np
 
     import gbrun.data.datasets
-    from test_customising_edits_train import HETERO_FLOOR
+    from test_customising_edits import HETERO_FLOOR
 
     example = edited_copy(tmp_path, "hetero")
     parts = run_script(os.path.join(DISTRIBUTED, "partition_graph.py"),

@@ -497,7 +497,7 @@ def test_resume_refuses_what_it_cannot_continue(small_dataset, tmp_path, capsys,
         resume_error(capsys, small_dataset, tmp_path / "older"))
 
     # So is the dropout that ran: torch's and the fused kernel draw other
-    # masks (the kernel builds here, as tests/test_fused_dropout_matches_torch.py needs).
+    # masks (the kernel builds here, as tests/unit/cpu/test_dropout.py needs).
     make_checkpoint(tmp_path / "fused", small_dataset)
     assert "another dropout ('fused' then, 'torch' now)" in resume_error(
         capsys, small_dataset, tmp_path / "fused", "--no-fused-dropout")

@@ -55,9 +55,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from helpers import gone, kill_session, missing_prerequisite
+from helpers import REPO, gone, kill_session, missing_prerequisite
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md"] + sorted(
     os.path.relpath(path, REPO)
     for path in glob.glob(os.path.join(REPO, "docs", "*.md"))
@@ -564,7 +563,7 @@ def test_commands_are_in_blocks_that_run():
             assert block.lang in ("bash", "python", "", "text", "diff", "yaml",
                                   "json"), (
                 f"{block.id}: ```{block.lang} blocks are not run by "
-                "tests/test_docs_run_as_written.py; use ```bash, ```python, or ```text for "
+                "tests/runs/test_docs.py; use ```bash, ```python, or ```text for "
                 "text that is not a command"
             )
 
@@ -586,10 +585,12 @@ def test_the_readmes_options_table_is_the_examples_help(capsys):
 
 
 def test_the_tests_map_sends_every_promise_to_a_file_that_exists():
-    # docs/testing.md's map names every test file once, and only those.
+    # docs/testing.md's map names every test file (by its path under
+    # tests/), and only those.
     text = open(os.path.join(REPO, "docs", "testing.md")).read()
     table = text.split("## Where each promise is checked")[1].split("\n\n")[2]
-    named = re.findall(r"\| `(test_\w+\.py)` \|$", table, re.M)
-    files = sorted(os.path.basename(p) for p in glob.glob(
-        os.path.join(REPO, "tests", "test_*.py")))
-    assert sorted(named) == files
+    named = re.findall(r"`((?:\w+/)*test_\w+\.py)`", table)
+    tests = os.path.join(REPO, "tests")
+    files = sorted(os.path.relpath(path, tests) for path in glob.glob(
+        os.path.join(tests, "**", "test_*.py"), recursive=True))
+    assert sorted(set(named)) == files

@@ -2,7 +2,7 @@
 installed DGL: if a release renames them, these fail, loudly, instead of a
 run that silently shuffles unseeded or draws a wrong progress bar. The
 counts on a real 4-rank DistributedItemSampler are checked in
-test_metrics_exact_across_ranks.py."""
+unit/test_metrics.py."""
 import types
 
 import numpy as np
