@@ -1,12 +1,18 @@
 """The tests' fixtures: synthetic datasets made once per session by
 scripts/make_synthetic_dataset.py, the seeded reference run several tests
-compare with, and stand-ins for a machine without GPUs or a spawn that must
-not happen. Helpers live in helpers.py, the process hygiene every test gets
-in process_hygiene.py (loaded here as a plugin)."""
+compare with, stand-ins for a machine without GPUs or a spawn that must
+not happen, and the simulated machines' dataset and partitions. Helpers
+live in helpers.py, the process hygiene every test gets in
+process_hygiene.py (loaded here as a plugin)."""
+import os
+
 import pytest
 
 pytest.register_assert_rewrite("helpers")
-from helpers import NO_GPU, REFERENCE, make_synthetic, run_example  # noqa: E402
+from helpers import (  # noqa: E402
+    NO_GPU, NUM_CLASSES, REFERENCE, SCRIPTS, make_synthetic,
+    missing_prerequisite, partition, run_example, run_script,
+)
 
 pytest_plugins = ["process_hygiene"]
 
@@ -118,3 +124,36 @@ def nothing_spawned(monkeypatch):
         pytest.fail("ranks were spawned for input that is refused")
 
     monkeypatch.setattr(gbrun.launch.mp, "spawn", spawn)
+
+
+# --- Simulated machines (tests/e2e/test_distributed_trainer.py and
+# test_tools_launch_failures.py): made once per test file.
+
+
+@pytest.fixture
+def namespaces():
+    """Skip (or, under CI=true, fail) when namespaces cannot be made."""
+    reason = missing_prerequisite()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {reason}")
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    made = run_script(
+        os.path.join(SCRIPTS, "make_synthetic_dataset.py"),
+        [root / "synthetic", "--num-nodes", 2000, "--avg-degree", 10,
+         "--feat-dim", 16, "--num-classes", NUM_CLASSES, "--seed", 0],
+    )
+    assert made.returncode == 0, made.stderr
+    return str(root / "synthetic")
+
+
+@pytest.fixture(scope="module")
+def partitions(dataset, tmp_path_factory):
+    """The 2,000-node dataset in 2 METIS partitions (both formats)."""
+    return partition(dataset, tmp_path_factory.mktemp("metis") / "parts",
+                     "--balance-train", "--balance-edges", "--use-graphbolt")

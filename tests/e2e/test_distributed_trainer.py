@@ -1,60 +1,54 @@
-"""End-to-end checks of training on DGL's distributed engine.
-
-A tiny synthetic dataset is partitioned for 2 machines; distributed/launch_local.py
-then runs 2 simulated machines (a network and a mount namespace each) on this
-host, training the example, or an edited copy of it outside the checkout, with
-distributed/dist_node_classification.py. The checks: the example's edits and
-output lines reach the distributed run; SIGTERM to the launcher stops every
-trainer at one step with a checkpoint and --resume trains every seed of the
-stopped epoch exactly once; the options docs/distributed.md names (2 trainers
-and 2 servers per machine, sampler processes, random partitions, GraphBolt on
-the servers) train; accuracy against node_classification.py; failures,
-signals and --timeout end the job promptly; a failed trainer ends its job
-without any launcher's kill, as DGL's tools/launch.py starts it; clear errors
-for bad input; and nothing left behind (processes, network namespaces,
-temporary files), checked by watching each run from outside rather than
-through the marker the launcher sets on its processes.
-
-Runs that need namespaces are skipped without root and iproute2, except when
-CI=true, where a missing prerequisite fails the test instead.
-"""
+"""distributed/dist_node_classification.py trained on simulated machines:
+partition_graph.py's partitions (2 parts of a 2,000-node synthetic dataset,
+METIS and random), then distributed/launch_local.py running 2 simulated
+machines (a network and a mount namespace each) on this host, training the
+example or an edited copy of it outside the checkout. The checks: the
+partitions hold the dataset; bad input is refused before anything starts;
+the example's edits and output lines reach the distributed run; SIGTERM to
+the launcher stops every trainer at one step with a checkpoint and --resume
+trains every seed of the stopped epoch exactly once; the options
+docs/distributed.md names (2 trainers and 2 servers per machine, sampler
+processes, random partitions, GraphBolt on the servers) train, within
+ACCURACY_MARGIN of node_classification.py; a killed server, signals and
+--timeout end the job promptly; and nothing is left behind (processes,
+network namespaces, temporary files), checked by watching each run from
+outside (helpers.Watch) rather than through the marker the launcher sets on
+its processes. Runs that need namespaces are skipped without root and
+iproute2, except when CI=true, where a missing prerequisite fails the test
+instead (the failures of a job started as DGL's tools/launch.py starts one
+are test_tools_launch_failures.py's)."""
 import json
 import os
 import pathlib
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 
-import psutil
 import pytest
 import torch
 
 from helpers import (
-    DISTRIBUTED, REPO, SCRIPT, SCRIPTS, edited_copy, gone,
-    missing_prerequisite,
+    DISTRIBUTED, JOB_TIMEOUT_S, LAUNCHER, NUM_CLASSES, REPO, SCRIPT,
+    TRAIN_ARGS, edited_copy, missing_prerequisite, partition, run_script,
+    start_launcher, wait_for_output,
 )
+from helpers import finish_launcher as finish
+
 
 MAIN_SCRIPT = os.path.join(REPO, "node_classification.py")
-LAUNCHER = os.path.join(DISTRIBUTED, "launch_local.py")
-TRAINER = os.path.join(DISTRIBUTED, "dist_node_classification.py")
 
-NUM_CLASSES = 4
-# Small and quick, yet enough epochs that both scripts get near their
-# ceiling, so their test accuracies can be compared within a few points.
-# Both scripts take --seed; only node_classification.py is deterministic
-# under it (see test_accuracy_matches_single_machine_example).
-TRAIN_ARGS = ["--batch-size", "128", "--fanout", "5,5,5", "--lr", "0.003",
-              "--seed", "0"]
+
+# TRAIN_ARGS (helpers.py) for this many epochs: both scripts get near
+# their ceiling.
 EPOCHS = 6
-JOB_TIMEOUT_S = 120
+
+
 # How far the distributed test accuracy may be from node_classification.py's
 # (measurements in test_accuracy_matches_single_machine_example).
 ACCURACY_MARGIN = 0.03
+
 
 EPOCH_LINE = re.compile(
     r"^Epoch (\d{5}) \| Average Loss \d+\.\d{4} \| (\S+) (\d\.\d{4}) \| "
@@ -62,17 +56,9 @@ EPOCH_LINE = re.compile(
     r"Data Wait \d+\.\d{4}$",
     re.MULTILINE,
 )
+
+
 TEST_LINE = re.compile(r"^Test (\S+) (\d\.\d{4})$", re.MULTILINE)
-
-
-@pytest.fixture
-def namespaces():
-    """Skip (or, under CI=true, fail) when namespaces cannot be made."""
-    reason = missing_prerequisite()
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but {reason}")
-        pytest.skip(reason)
 
 
 def run_in_process(monkeypatch, capsys, entry, argv):
@@ -85,41 +71,6 @@ def run_in_process(monkeypatch, capsys, entry, argv):
     return exited.value.code, capsys.readouterr().err.strip().splitlines()
 
 
-def run_script(script, args, timeout=120):
-    return subprocess.run(
-        [sys.executable, script, *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, cwd=REPO,
-    )
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dist")
-    made = run_script(
-        os.path.join(SCRIPTS, "make_synthetic_dataset.py"),
-        [root / "synthetic", "--num-nodes", 2000, "--avg-degree", 10,
-         "--feat-dim", 16, "--num-classes", NUM_CLASSES, "--seed", 0],
-    )
-    assert made.returncode == 0, made.stderr
-    return str(root / "synthetic")
-
-
-def partition(dataset, out, *options):
-    done = run_script(os.path.join(DISTRIBUTED, "partition_graph.py"),
-                      ["--dataset", dataset, "--num-parts", 2, "--out", out,
-                       *options])
-    assert done.returncode == 0, done.stdout + done.stderr
-    return {"dataset": dataset, "out": str(out),
-            "part_config": os.path.join(out, "synthetic.json")}
-
-
-@pytest.fixture(scope="module")
-def partitions(dataset, tmp_path_factory):
-    """The 2,000-node dataset in 2 METIS partitions (both formats)."""
-    return partition(dataset, tmp_path_factory.mktemp("metis") / "parts",
-                     "--balance-train", "--balance-edges", "--use-graphbolt")
-
-
 @pytest.fixture(scope="module")
 def random_partitions(dataset, tmp_path_factory):
     """The same dataset in 2 random partitions (both formats)."""
@@ -127,193 +78,11 @@ def random_partitions(dataset, tmp_path_factory):
                      "--part-method", "random", "--use-graphbolt")
 
 
-def marked(marker):
-    """Pids of the processes whose environment holds `marker`."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if marker in f.read().split(b"\0"):
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
-
-
-def leftovers(run_id):
-    """Processes of launcher run_id that still exist (its namespaces have no
-    names and live only as long as its processes)."""
-    return marked(f"DGLSIM_RUN={run_id}".encode())
-
-
-class Watch:
-    """What one launcher run creates, seen from outside while it runs.
-
-    Every POLL_S it records the launcher's descendants (found by ancestry,
-    not by DGLSIM_RUN) with the marker each carries, opens every network
-    namespace they are in, and lists the launcher's temporary directory.
-    Holding a namespace open keeps its inode from being reused by another
-    run, so "a process is still in it" later means what it says.
-    """
-
-    POLL_S = 0.2
-
-    def __init__(self, proc, tmp_dir):
-        self.proc, self.tmp_dir = proc, tmp_dir
-        self.processes = {}  # (pid, create_time) -> DGLSIM_RUN, DGL_ROLE, cmdline
-        self.netns = {}  # inode -> open fd
-        self.tmp_entries = set()
-        self.host_netns = os.stat("/proc/self/ns/net").st_ino
-        self.launcher = psutil.Process(proc.pid)
-        self.launcher_cmdline = self.launcher.cmdline()
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-        self.thread.start()
-
-    def _poll(self):
-        while not self.stopping.is_set() and self.proc.poll() is None:
-            self.sample()
-            self.stopping.wait(self.POLL_S)
-
-    def sample(self):
-        self.tmp_entries.update(os.listdir(self.tmp_dir))
-        try:
-            children = self.launcher.children(recursive=True)
-        except psutil.NoSuchProcess:
-            return
-        for child in children:
-            try:
-                # A process moves into its namespace after it starts (nsenter,
-                # unshare): look again every time.
-                self.hold_netns(child.pid)
-                key = (child.pid, child.create_time())
-                if key in self.processes:
-                    continue
-                cmdline = child.cmdline()
-                if cmdline == self.launcher_cmdline:
-                    continue  # forked, not yet exec'd: the launcher's own environment
-                env = child.environ()
-            except (psutil.Error, OSError):
-                continue
-            if not env:
-                # Linux reads an empty environment from a process in the
-                # middle of execve (nsenter becoming python) or a zombie:
-                # not known yet, so look again at the next poll.
-                continue
-            self.processes[key] = {"marker": env.get("DGLSIM_RUN"),
-                                   "role": env.get("DGL_ROLE"), "cmdline": cmdline}
-
-    def hold_netns(self, pid):
-        inode = os.stat(f"/proc/{pid}/ns/net").st_ino
-        if inode == self.host_netns or inode in self.netns:
-            return
-        fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
-        if os.fstat(fd).st_ino == inode:
-            self.netns[inode] = fd
-        else:  # the process changed namespace in between
-            os.close(fd)
-
-    def stop(self):
-        self.stopping.set()
-        self.thread.join()
-        self.tmp_entries.update(os.listdir(self.tmp_dir))
-
-    def survivors(self):
-        """Processes the watch saw that still run, and any process (even one
-        started after the last look) in one of the run's namespaces."""
-        found = []
-        for (pid, created), info in self.processes.items():
-            try:
-                process = psutil.Process(pid)
-                if (process.create_time() == created
-                        and process.status() != psutil.STATUS_ZOMBIE):
-                    found.append((pid, info["cmdline"]))
-            except psutil.Error:
-                pass
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if os.stat(f"/proc/{pid}/ns/net").st_ino in self.netns:
-                    found.append((int(pid), "in a namespace of the run"))
-            except OSError:
-                pass
-        return found
-
-    def close(self):
-        for fd in self.netns.values():
-            os.close(fd)
-        self.netns = {}
-
-
-def start_launcher(part_config, num_machines, trainer_args, log_dir, timeout,
-                   launcher_args=(), env=None, tmp_dir=None):
-    # The launcher's temporary directory goes here, to be checked afterwards
-    # (`tmp_dir`: a shorter path, for the sockets of sampler processes).
-    tmp_dir = tmp_dir or log_dir / "tmp"
-    tmp_dir.mkdir(exist_ok=True)
-    stdout = open(log_dir / "stdout.txt", "w")
-    stderr = open(log_dir / "stderr.txt", "w")
-    proc = subprocess.Popen(
-        [sys.executable, LAUNCHER, "--part-config", part_config,
-         "--num-machines", str(num_machines), "--timeout", str(timeout),
-         *map(str, launcher_args), "--", *map(str, trainer_args)],
-        stdout=stdout, stderr=stderr, cwd=REPO,
-        env=dict(os.environ, **(env or {}), TMPDIR=str(tmp_dir)),
-    )
-    stdout.close()
-    stderr.close()
-    proc.watch = Watch(proc, tmp_dir)
-    proc.num_machines = num_machines
-    return proc
-
-
-def finish(proc, log_dir, timeout, tolerated=()):
-    """Wait (bounded) for the launcher; check it left nothing behind (but
-    temporary files whose names start with one of `tolerated`)."""
-    watch = proc.watch
-    try:
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            pytest.fail(f"launcher still running after {timeout} s")
-        finally:
-            watch.stop()
-        # The watch saw the run: a hub and one namespace per machine, and
-        # the launcher's temporary directory ...
-        assert len(watch.netns) == proc.num_machines + 1, watch.netns
-        made = [e for e in watch.tmp_entries if e.startswith(f"dglsim{proc.pid}-")]
-        assert len(made) == 1, watch.tmp_entries
-        # ... every process it saw carries the marker leftovers() looks for ...
-        unmarked = [info for info in watch.processes.values()
-                    if info["marker"] != str(proc.pid)]
-        assert unmarked == [], f"processes without DGLSIM_RUN={proc.pid}: {unmarked}"
-        # ... and nothing of it is left.
-        assert watch.survivors() == [], "left behind"
-        assert leftovers(proc.pid) == [], "processes with the marker left behind"
-        left = [name for name in os.listdir(watch.tmp_dir)
-                if not name.startswith(tuple(tolerated))]
-        assert left == [], "temporary files left behind"
-    finally:
-        watch.close()
-    return (code, (log_dir / "stdout.txt").read_text(),
-            (log_dir / "stderr.txt").read_text())
-
-
 def launch(part_config, trainer_args, log_dir, num_machines=2,
            launcher_args=(), env=None):
     proc = start_launcher(part_config, num_machines, trainer_args, log_dir,
                           JOB_TIMEOUT_S, launcher_args, env)
     return finish(proc, log_dir, JOB_TIMEOUT_S + 30)
-
-
-def wait_for_output(log_dir, pattern, proc, timeout, stream="stdout.txt"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        if re.search(pattern, (log_dir / stream).read_text(), re.MULTILINE):
-            return
-        time.sleep(0.2)
-    pytest.fail(f"no line matching {pattern!r} within {timeout} s")
 
 
 def wait_for_job_processes(proc, num_machines, timeout):
@@ -600,10 +369,33 @@ def test_a_copy_whose_graphbolt_pipeline_is_edited_is_refused(
             SCRIPT).create_dataloader))
 
 
+def test_the_trainers_options_table_is_its_help(capsys):
+    # docs/distributed.md's table of the trainer's own options names each
+    # option --help shows, and nothing else.
+    import dist_node_classification as trainer
+
+    with pytest.raises(SystemExit) as exited:
+        trainer.parse_args(["--help"])
+    assert exited.value.code == 0
+    ours = capsys.readouterr().out.split("\nThe example's options (")[0]
+    shown = {name for names in re.findall(r"^  (-[\w-]+)(?:, (--[\w-]+))?",
+                                          ours, re.M)
+             for name in names if name}
+    with open(os.path.join(REPO, "docs", "distributed.md")) as f:
+        doc = f.read()
+    table = doc.split("`dist_node_classification.py` takes its own options")[1]
+    table = table.split("\n\n")[1]
+    documented = set(re.findall(r"`(--?[a-z-]+)`", table))
+    assert documented == shown, (documented, shown)
+
+
 # --- The example, stopped and resumed on 2 machines x 2 trainers -----------------
+
 
 # 300 training nodes a trainer: 9 full batches of 32 an epoch.
 STOPPED_ARGS = [*TRAIN_ARGS, "--batch-size", 32, "--epochs", 2]
+
+
 # Appended to the stopped run's copy of the example: each batch's features
 # take 0.1 s more, so that epoch 1 lasts about a second on any machine and a
 # SIGTERM sent a few batches into it lands there (at 22 batches a second
@@ -867,293 +659,7 @@ def gb_dataset(path):
     return gbrun.data.datasets.load_dataset(path)
 
 
-# --- Failures end the job, promptly and cleanly ---------------------------------
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("how", ["kill a server", "SIGINT at start-up",
-                                 "SIGHUP"])
-def test_stopped_or_killed_jobs_end_and_clean_up(namespaces, partitions,
-                                                 tmp_path, how):
-    args = [*TRAIN_ARGS, "--epochs", 1000, "--checkpoint-dir",
-            tmp_path / "ckpt"]
-    if how == "kill a server":
-        # The run is shared: it trains docs/customising.md's GAT edit (two
-        # layers, so two fanout values).
-        args += ["--example", edited_copy(tmp_path, "gat"), "--fanout", "5,5"]
-    proc = start_launcher(partitions["part_config"], 2, args, tmp_path,
-                          JOB_TIMEOUT_S)
-    if how == "kill a server":
-        # In the middle of training, once the GAT has trained an epoch.
-        wait_for_output(tmp_path, r"^Epoch 00000 .* \| Accuracy 0\.\d{4} ",
-                        proc, timeout=90)
-        model = torch.load(tmp_path / "ckpt" / "checkpoint.pt",
-                           weights_only=True)["model"]
-        assert "layers.1.attn_l" in model, sorted(model)
-    else:
-        # As soon as every process of the job is there, while it starts up
-        # (a job is stopped the same way at any stage; this is quicker).
-        wait_for_job_processes(proc, 2, timeout=60)
-    if how == "kill a server":
-        servers = child_pids(proc.pid, "DGL_ROLE", "server")
-        assert len(servers) == 2, servers
-        os.kill(servers[1], signal.SIGKILL)
-    else:
-        proc.send_signal(getattr(signal, how.split()[0]))
-    started = time.monotonic()
-    code, out, err = finish(proc, tmp_path, timeout=60)
-    assert time.monotonic() - started < 40
-    if how == "kill a server":
-        # docs/distributed.md: a failed process makes the launcher exit 1.
-        assert code == 1, err[-2000:]
-        assert "error: machine 1 server 0 exited with code -9" in err
-    elif how == "SIGHUP":
-        # The launcher's handler ran (and cleaned up); had the signal killed
-        # it, the code would be -signum.
-        assert code == 128 + signal.SIGHUP
-    else:
-        # A stop request that came while the trainers started waits for
-        # them: they stop at their first steps, with a checkpoint.
-        assert code == 128 + signal.SIGINT, err[-2000:]
-        assert re.search(r"^Stopped by SIGINT in epoch 0 after step \d+: "
-                         "checkpoint saved", out, re.M), out[-2000:]
-        assert (tmp_path / "ckpt" / "checkpoint.pt").exists()
-
-
-@pytest.mark.slow
-def test_timeout_stops_the_job(namespaces, partitions, tmp_path):
-    # Far longer than --timeout, which expires while the job starts up.
-    timeout = 6
-    started = time.monotonic()
-    proc = start_launcher(partitions["part_config"], 2,
-                          [*TRAIN_ARGS, "--epochs", 1000], tmp_path, timeout)
-    code, _, err = finish(proc, tmp_path, timeout=timeout + 30)
-    elapsed = time.monotonic() - started
-    assert code == 1
-    reason = "error: the job did not finish within --timeout; stopping it"
-    assert [line for line in err.splitlines() if line.startswith("error:")] == [reason], err[-2000:]
-    assert err.splitlines()[-1] == reason
-    assert timeout <= elapsed < timeout + 15, elapsed
-
-
-# --- As DGL's tools/launch.py starts a job: nothing kills what is left -------------
-
-# 2 machines x 2 trainers x 1 sampler x 2 servers, started as DGL's
-# tools/launch.py starts them (launch_local.py --as-tools-launch: it stops
-# nothing on a failure); short bounds, so that each case is quick.
-TOOLS_LAUNCH = ["--trainers-per-machine", 2, "--servers-per-machine", 2,
-                "--as-tools-launch"]
-FAILURE_ARGS = [*TRAIN_ARGS, "--epochs", 1000, "--num-workers", 1,
-                "--connect-timeout", 5, "--progress-timeout", 10,
-                "--batch-size", 32]
-# How soon after the first failure every process of the job must be gone.
-FAILURE_BOUND_S = 60
-# A simulated machine's network interface (launch_local.py's MACHINE_IFNAME).
-MACHINE_IFNAME = "eth0"
-
-
-def import_fails_on_machine_1(out):
-    """A copy of the example that trainers of machine 1 cannot import."""
-    copy = out / "node_classification.py"
-    text = open(MAIN_SCRIPT).read().replace("import argparse\n", (
-        "import argparse\nimport os\n"
-        "if os.environ.get('DGL_ROLE') == 'client' and "
-        "os.environ.get('GROUP_RANK') == '1':\n"
-        "    raise ImportError('machine 1 cannot import this copy')\n"), 1)
-    copy.write_text(text)
-    return ["--example", copy]
-
-
-def job_process(proc, role, machine):
-    """The pid of machine `machine`'s first `role` ("server", "sampler") of
-    launcher `proc`'s job."""
-    for pid in leftovers(proc.pid):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0")
-                           if b"=" in item)
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if role == "server" and env.get(b"DGL_ROLE") == b"server" and (
-                env.get(b"DGL_SERVER_ID") == str(2 * machine).encode()):
-            return pid
-        if role == "sampler" and env.get(b"GROUP_RANK") == str(
-                machine).encode() and b"multiprocessing.spawn" in cmdline \
-                and b"resource_tracker" not in cmdline:
-            return pid
-    pytest.fail(f"no {role} of machine {machine} found")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("case", [
-    "a trainer fails before connecting", "a trainer fails mid-epoch",
-    "a trainer hangs", "a graph server is killed", "a sampler is killed",
-    "a machine's network goes down"])
-def test_every_failure_ends_a_tools_launch_job_leaving_nothing(
-        namespaces, partitions, tmp_path, case):
-    """Each failure ends the whole job, every process of it by itself within
-    FAILURE_BOUND_S, exit 1, its cause printed once, and no shared memory
-    left on either machine (finish() checks no process is left)."""
-    args, cause = list(FAILURE_ARGS), None
-    if case == "a trainer fails before connecting":
-        args += import_fails_on_machine_1(tmp_path)
-        cause = "ImportError: machine 1 cannot import this copy"
-    elif case == "a trainer fails mid-epoch":
-        args += ["--fail-after-batches", 3, "--fail-rank", 3]
-        cause = "RuntimeError: --fail-after-batches 3 on rank 3"
-    elif case == "a sampler is killed":
-        args += ["--example", edited_copy(tmp_path, "auroc")]
-    elif case == "a trainer hangs":
-        args += ["--hang-after-batches", 3, "--fail-rank", 3]
-        # Where it hangs: in the loader, under the loop of the example.
-        cause = re.compile(r"rank 3 failed: no batch for 10 s \(--progress-"
-                           r"timeout\), at \S+loader.py:\d+ in each <- "
-                           r"\S+node_classification.py:\d+ in train")
-    short = pathlib.Path(tempfile.mkdtemp(prefix="tl", dir="/tmp"))
-    proc = start_launcher(partitions["part_config"], 2, args, tmp_path,
-                          JOB_TIMEOUT_S, TOOLS_LAUNCH, tmp_dir=short)
-    if case == "a sampler is killed":
-        # The run is shared: it trains docs/customising.md's AUROC edit for
-        # an epoch, its metric gathered from 4 trainers, before the kill
-        # (in epoch 1).
-        wait_for_output(tmp_path, r"^Epoch 00000 .* \| AUROC 0\.[5-9]\d{3} ",
-                        proc, timeout=90)
-    if cause is None:
-        # Mid-epoch, as trainer 0's progress bar shows.
-        wait_for_output(tmp_path, r"train \d+: .*\| [1-9]/", proc,
-                        timeout=90, stream="stderr.txt")
-        role = "server" if "server" in case else "sampler"
-        victim = job_process(proc, role, 1)
-        if "network" in case:
-            # No connection closes: every trainer waits (gloo, DGL's RPC)
-            # until its own --progress-timeout.
-            subprocess.run(["nsenter", "--target", str(victim), "--net",
-                            "ip", "link", "set", MACHINE_IFNAME, "down"],
-                           check=True)
-            cause = re.compile(r"rank \d failed: no batch for 10 s")
-        else:
-            owner = psutil.Process(victim).ppid()
-            rank = psutil.Process(owner).environ().get("RANK")
-            os.kill(victim, signal.SIGKILL)
-            # A server's death is seen by every trainer connected to it; a
-            # sampler's by its trainer, which names it, or fails on the
-            # queue the sampler answered on (whichever comes first).
-            cause = {"server": "closed its connection (it died?)",
-                     "sampler": f"rank {rank} failed"}[role]
-    try:
-        # A killed sampler leaves multiprocessing's empty pymp-* directory.
-        code, out, err = finish(proc, tmp_path, timeout=JOB_TIMEOUT_S + 30,
-                                tolerated=["pymp-"])
-    finally:
-        shutil.rmtree(short, ignore_errors=True)
-    assert code == 1, err[-3000:]
-    ended = re.search(r"^error: machine \d (?:trainers|server \d) exited with "
-                      r"code -?\d+; every process had ended (\d+\.\d) s later$",
-                      err, re.M)
-    assert ended and float(ended.group(1)) < FAILURE_BOUND_S, err[-3000:]
-    # Once for each process that failed of it: the two trainers of machine
-    # 1 cannot import; each trainer that sees a killed server's connection
-    # close before a collective with a failed peer fails says so.
-    count = (len(cause.findall(out + err)) if isinstance(cause, re.Pattern)
-             else (out + err).count(cause))
-    if case in ("a graph server is killed", "a machine's network goes down"):
-        assert 1 <= count <= 4, (cause, err[-3000:])
-    else:
-        expected = 2 if case == "a trainer fails before connecting" else 1
-        assert count == expected, (cause, err[-3000:])
-    for machine in (0, 1):
-        assert f"machine {machine}: /dev/shm holds 0 entries\n" in err, \
-            err[-3000:]
-
-
-
-@pytest.mark.slow
-def test_a_failed_trainer_ends_its_job_under_tools_launch(tmp_path, dataset):
-    """One machine, as DGL's tools/launch.py starts it (v2.1.0, the same in
-    2.4.0): a graph server started with DGL_ROLE=server, and a trainer
-    started by torch.distributed.run with DGL_ROLE=client, each with the
-    environment launch.py exports, and a sampler process; here on
-    127.0.0.1, with no launcher that could kill anything. The trainer fails
-    after 2 batches: its server and its sampler must be gone within 60 s
-    (DGL's server, waiting for a shutdown request, would run for ever), and
-    so must the job's shared memory in /dev/shm (the partition's graph and
-    features: DGL unlinks them only in destructors that os._exit skips)."""
-    started = time.time()
-    parts = run_script(os.path.join(DISTRIBUTED, "partition_graph.py"),
-                       ["--dataset", dataset, "--num-parts", 1, "--out",
-                        tmp_path / "one"])
-    assert parts.returncode == 0, parts.stderr
-    from gbrun.dist.machine import start_one_machine
-
-    marker = f"LAUNCH_TEST={os.getpid()}".encode()
-    server, trainer = start_one_machine(
-        [TRAINER, *map(str, TRAIN_ARGS), "--num-workers", "1",
-         "--fail-after-batches", "2"],
-        str(tmp_path / "one" / "synthetic.json"), 1, str(tmp_path),
-        samplers=1, env={"LAUNCH_TEST": str(os.getpid())})
-    try:
-        assert trainer.wait(timeout=120) != 0
-        failed = time.monotonic()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the graph server outlived its failed trainer by 60 s")
-        left = []
-        while time.monotonic() - failed < 60:
-            left = [pid for pid in marked(marker) if not gone(pid)]
-            if not left:
-                break
-            time.sleep(0.5)
-        assert left == [], f"still running 60 s after the failure: {left}"
-        log = (tmp_path / "trainers.txt").read_text()
-        assert "RuntimeError: --fail-after-batches 2 on rank 0" in log
-        assert server.returncode == 1
-        assert "every trainer of this machine has gone without shutting the graph servers " \
-               "down" in (tmp_path / "server.txt").read_text()
-        assert segments_since(started) == []
-    finally:
-        for pid in marked(marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        server.wait()
-        trainer.wait()
-
-
-
-def segments_since(started, directory="/dev/shm"):
-    """The names in `directory` of DGL's shared memory (the synthetic
-    graph's, features, GraphBolt's) written since `started` (a time.time()):
-    those a job left (one that reused an older leftover's name wrote it)."""
-    from gbrun.dist.cleanup import DGL_SEGMENT
-
-    return sorted(
-        name for name in os.listdir(directory)
-        if (name.startswith("synthetic") or DGL_SEGMENT.search(name))
-        and os.stat(os.path.join(directory, name)).st_mtime >= started - 1)
-
-
-def test_the_trainers_options_table_is_its_help(capsys):
-    # docs/distributed.md's table of the trainer's own options names each
-    # option --help shows, and nothing else.
-    import dist_node_classification as trainer
-
-    with pytest.raises(SystemExit) as exited:
-        trainer.parse_args(["--help"])
-    assert exited.value.code == 0
-    ours = capsys.readouterr().out.split("\nThe example's options (")[0]
-    shown = {name for names in re.findall(r"^  (-[\w-]+)(?:, (--[\w-]+))?",
-                                          ours, re.M)
-             for name in names if name}
-    with open(os.path.join(REPO, "docs", "distributed.md")) as f:
-        doc = f.read()
-    table = doc.split("`dist_node_classification.py` takes its own options")[1]
-    table = table.split("\n\n")[1]
-    documented = set(re.findall(r"`(--?[a-z-]+)`", table))
-    assert documented == shown, (documented, shown)
+# --- docs/customising.md's other edits, each on partitions of its own ----------
 
 
 def rename_keys(dataset):
@@ -1261,7 +767,7 @@ def test_several_node_types_train_and_predict_on_two_machines(
     import numpy as np
 
     import gbrun.data.datasets
-    from test_customising_edits import HETERO_FLOOR
+    from helpers import HETERO_FLOOR
 
     example = edited_copy(tmp_path, "hetero")
     parts = run_script(os.path.join(DISTRIBUTED, "partition_graph.py"),
@@ -1363,68 +869,70 @@ def test_several_node_types_train_and_predict_on_two_machines(
         "'label' (class); the example reads {'user': ['feat']}" in lines[0]
 
 
-def test_a_loader_of_several_node_types_takes_positions_end_to_end():
-    """DistLoader's passes over {node type: ids}: positions start..end of
-    the types end to end (a resumed pass starts at a step)."""
-    from gbrun.dist.loader import num_items, take
-
-    parts = [("user", torch.arange(5)), ("item", torch.arange(10, 13))]
-    assert num_items(dict(parts)) == 8 and num_items(torch.arange(4)) == 4
-    taken = take(parts, 3, 7)
-    assert [(ntype, ids.tolist()) for ntype, ids in taken] == [
-        ("user", [3, 4]), ("item", [10, 11])]
-    assert [(t, ids.tolist()) for t, ids in take(parts, 6, 99)] == [
-        ("item", [11, 12])]
-    assert take(parts, 8, 16) == []
-    assert [(t, ids.tolist()) for t, ids in take([(None, torch.arange(4))],
-                                                  1, 3)] == [(None, [1, 2])]
+# --- Failures end the job, promptly and cleanly ---------------------------------
 
 
-def test_a_trainers_failure_is_reported_once(capfd, monkeypatch):
-    """A sampler that dies: the trainer's watch names it, and the main
-    thread fails on the queue the sampler answered on, a consequence. Of
-    the two, the first reports and the other is left out (CI once printed
-    both: "rank 3 failed" twice)."""
-    import threading
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["kill a server", "SIGINT at start-up",
+                                 "SIGHUP"])
+def test_stopped_or_killed_jobs_end_and_clean_up(namespaces, partitions,
+                                                 tmp_path, how):
+    args = [*TRAIN_ARGS, "--epochs", 1000, "--checkpoint-dir",
+            tmp_path / "ckpt"]
+    if how == "kill a server":
+        # The run is shared: it trains docs/customising.md's GAT edit (two
+        # layers, so two fanout values).
+        args += ["--example", edited_copy(tmp_path, "gat"), "--fanout", "5,5"]
+    proc = start_launcher(partitions["part_config"], 2, args, tmp_path,
+                          JOB_TIMEOUT_S)
+    if how == "kill a server":
+        # In the middle of training, once the GAT has trained an epoch.
+        wait_for_output(tmp_path, r"^Epoch 00000 .* \| Accuracy 0\.\d{4} ",
+                        proc, timeout=90)
+        model = torch.load(tmp_path / "ckpt" / "checkpoint.pt",
+                           weights_only=True)["model"]
+        assert "layers.1.attn_l" in model, sorted(model)
+    else:
+        # As soon as every process of the job is there, while it starts up
+        # (a job is stopped the same way at any stage; this is quicker).
+        wait_for_job_processes(proc, 2, timeout=60)
+    if how == "kill a server":
+        servers = child_pids(proc.pid, "DGL_ROLE", "server")
+        assert len(servers) == 2, servers
+        os.kill(servers[1], signal.SIGKILL)
+    else:
+        proc.send_signal(getattr(signal, how.split()[0]))
+    started = time.monotonic()
+    code, out, err = finish(proc, tmp_path, timeout=60)
+    assert time.monotonic() - started < 40
+    if how == "kill a server":
+        # docs/distributed.md: a failed process makes the launcher exit 1.
+        assert code == 1, err[-2000:]
+        assert "error: machine 1 server 0 exited with code -9" in err
+    elif how == "SIGHUP":
+        # The launcher's handler ran (and cleaned up); had the signal killed
+        # it, the code would be -signum.
+        assert code == 128 + signal.SIGHUP
+    else:
+        # A stop request that came while the trainers started waits for
+        # them: they stop at their first steps, with a checkpoint.
+        assert code == 128 + signal.SIGINT, err[-2000:]
+        assert re.search(r"^Stopped by SIGINT in epoch 0 after step \d+: "
+                         "checkpoint saved", out, re.M), out[-2000:]
+        assert (tmp_path / "ckpt" / "checkpoint.pt").exists()
 
-    import gbrun.dist.watch
-    import gbrun.launch
-    import node_classification as nc
-    from helpers import cpu_plan
 
-    args = nc.parse_args(["--gpu=0"])
-    plan = cpu_plan(args, 1)
-
-    def run(rank, plan, args, job):
-        raise RuntimeError("the dead sampler's queue")
-
-    # The watch and the main thread share one report, as the distributed
-    # trainer makes them. The watch reported first (it holds the report):
-    # the main thread's error is not printed.
-    report = threading.Lock()
-    with report:
-        with pytest.raises(RuntimeError):
-            gbrun.launch.run_rank(0, run, plan, args, None, report=report)
-    assert "failed" not in capfd.readouterr().err
-    # The main thread reports first: the watch stays silent (and leaves
-    # the exit to it).
-    exits = []
-    monkeypatch.setattr(gbrun.dist.watch, "fail_fast",
-                        lambda *args, **kwargs: exits.append(args))
-    watch = gbrun.dist.watch.TrainerWatch(
-        [], 1, "g", gbrun.dist.watch.Heartbeat(), report)
-    watch.samplers = []
-    with report:
-        watch.fail("its sampler process 1 died")
-    assert capfd.readouterr().err == "" and exits == []
-    # Alone, each reports.
-    with pytest.raises(RuntimeError):
-        gbrun.launch.run_rank(0, run, plan, args, None, report=report)
-    assert capfd.readouterr().err.startswith(
-        "rank 0 failed:\nTraceback")
-    report.release()  # the main thread's (its process ends, here not)
-    monkeypatch.setenv("RANK", "3")
-    watch.fail("its sampler process 1 died")
-    assert capfd.readouterr().err == (
-        "rank 3 failed: its sampler process 1 died; exiting\n")
-    assert exits == [("g",)]
+@pytest.mark.slow
+def test_timeout_stops_the_job(namespaces, partitions, tmp_path):
+    # Far longer than --timeout, which expires while the job starts up.
+    timeout = 6
+    started = time.monotonic()
+    proc = start_launcher(partitions["part_config"], 2,
+                          [*TRAIN_ARGS, "--epochs", 1000], tmp_path, timeout)
+    code, _, err = finish(proc, tmp_path, timeout=timeout + 30)
+    elapsed = time.monotonic() - started
+    assert code == 1
+    reason = "error: the job did not finish within --timeout; stopping it"
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [reason], err[-2000:]
+    assert err.splitlines()[-1] == reason
+    assert timeout <= elapsed < timeout + 15, elapsed

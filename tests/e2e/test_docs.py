@@ -563,7 +563,7 @@ def test_commands_are_in_blocks_that_run():
             assert block.lang in ("bash", "python", "", "text", "diff", "yaml",
                                   "json"), (
                 f"{block.id}: ```{block.lang} blocks are not run by "
-                "tests/runs/test_docs.py; use ```bash, ```python, or ```text for "
+                "tests/e2e/test_docs.py; use ```bash, ```python, or ```text for "
                 "text that is not a command"
             )
 

@@ -1,0 +1,21 @@
+"""gbrun/dist/loader.py: DistLoader's passes over the items of several node
+types take positions start..end of the types end to end, so that a resumed
+pass starts at a step."""
+import torch
+
+
+def test_a_loader_of_several_node_types_takes_positions_end_to_end():
+    """DistLoader's passes over {node type: ids}: positions start..end of
+    the types end to end (a resumed pass starts at a step)."""
+    from gbrun.dist.loader import num_items, take
+
+    parts = [("user", torch.arange(5)), ("item", torch.arange(10, 13))]
+    assert num_items(dict(parts)) == 8 and num_items(torch.arange(4)) == 4
+    taken = take(parts, 3, 7)
+    assert [(ntype, ids.tolist()) for ntype, ids in taken] == [
+        ("user", [3, 4]), ("item", [10, 11])]
+    assert [(t, ids.tolist()) for t, ids in take(parts, 6, 99)] == [
+        ("item", [11, 12])]
+    assert take(parts, 8, 16) == []
+    assert [(t, ids.tolist()) for t, ids in take([(None, torch.arange(4))],
+                                                  1, 3)] == [(None, [1, 2])]
