@@ -114,25 +114,37 @@ def start_or_resume(args, key, plan, epochs, lock=None):
         lock and args.checkpoint_dir) else None
     checkpoint, seed = None, args.seed
     if args.resume:
-        predicting = bool(getattr(args, "predict", None))
-        checkpoint = load_checkpoint(args.checkpoint_dir, key, ignore=(
-            DATASET_KEY,) if predicting else ())
-        check_resume(checkpoint, args, plan.world_size, epochs)
-        then = checkpoint["config"].get(DATASET_KEY)
-        if then != key.get(DATASET_KEY):
-            other = difference(then, key.get(DATASET_KEY))
-            if checkpoint["epoch"] < epochs:
-                raise UsageError(
-                    f"checkpoint in '{args.checkpoint_dir}' was made with "
-                    f"another dataset ({other}): it predicts on this one "
-                    "once its run is finished (--predict), but trains on "
-                    "none but its own")
-            print(f"Predicting with the model trained on another dataset "
-                  f"({other}).", flush=True)
+        try:
+            checkpoint = resumed(args, key, plan.world_size, epochs)
+        except BaseException:
+            if held:  # a refusal leaves the directory free at once
+                held.close()
+            raise
         # Without --seed the run continues the checkpoint's sequence.
         seed = checkpoint["seed"] if args.seed is None else args.seed
     return Start(checkpoint, seed, epochs, args.max_batches,
                  args.checkpoint_dir, args.log_dir, key, held)
+
+
+def resumed(args, key, world_size, epochs):
+    """The checkpoint --resume continues (load_checkpoint, check_resume),
+    said in one line where it predicts on another dataset than its own."""
+    predicting = bool(getattr(args, "predict", None))
+    checkpoint = load_checkpoint(args.checkpoint_dir, key, ignore=(
+        DATASET_KEY,) if predicting else ())
+    check_resume(checkpoint, args, world_size, epochs)
+    then = checkpoint["config"].get(DATASET_KEY)
+    if then != key.get(DATASET_KEY):
+        other = difference(then, key.get(DATASET_KEY))
+        if checkpoint["epoch"] < epochs:
+            raise UsageError(
+                f"checkpoint in '{args.checkpoint_dir}' was made with "
+                f"another dataset ({other}): it predicts on this one "
+                "once its run is finished (--predict), but trains on "
+                "none but its own")
+        print(f"Predicting with the model trained on another dataset "
+              f"({other}).", flush=True)
+    return checkpoint
 
 
 def writable_directory(option, directory):

@@ -17,6 +17,17 @@ from helpers import (  # noqa: E402
 pytest_plugins = ["process_hygiene"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def gbrun_cache(tmp_path_factory):
+    """One gbrun cache (preprocessed datasets, the dropout kernel) for the
+    session and every process it starts, never the user's: each session
+    starts from none, as a clean clone's CI does."""
+    path = tmp_path_factory.mktemp("gbrun-cache")
+    os.environ["GBRUN_CACHE"] = str(path)
+    yield path
+    del os.environ["GBRUN_CACHE"]
+
+
 @pytest.fixture(scope="session")
 def synthetic(tmp_path_factory):
     """make(name, *args) -> path of a synthetic dataset, made once per name."""
@@ -28,9 +39,8 @@ def synthetic(tmp_path_factory):
 
             out = tmp_path_factory.mktemp("data") / name
             made[name] = make_synthetic(out, *args)
-            # GraphBolt preprocesses a dataset on its first load, writing
-            # into its directory: done here once, so that runs side by side
-            # never race to write it.
+            # Preprocessed into the cache on its first load: done here once,
+            # so that the tests' runs only read it.
             gbrun.data.datasets.load_dataset(made[name])
         return made[name]
 

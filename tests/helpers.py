@@ -142,8 +142,11 @@ def gone(pid):
 def spawned_ranks(launcher):
     """The pids of a launcher's ranks, rank 0 first (mp.spawn starts them in
     order)."""
+    # A rank's command line is multiprocessing's spawn_main until it sets
+    # its title: "<the launch command> [rank N]".
     ranks = [child for child in psutil.Process(launcher).children()
-             if "spawn_main" in " ".join(child.cmdline())]
+             if re.search(r"spawn_main|\[rank \d+\]$",
+                          " ".join(child.cmdline()))]
     return [rank.pid for rank in sorted(ranks, key=lambda p: p.create_time())]
 
 

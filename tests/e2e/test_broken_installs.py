@@ -67,3 +67,45 @@ def test_a_dev_shm_too_small_for_the_dataset_is_one_line(small_dataset):
                      r"docker run --shm-size=\.\.\. or --ipc=host\)$",
                      error), error
     assert len(error.splitlines()) == 1 and "Training with" not in done.stdout
+
+
+def other_python():
+    """A Python other than 3.11 and 3.12 on this machine (pyenv's, or on
+    PATH), or None."""
+    import glob
+
+    found = sorted(glob.glob(os.path.expanduser(
+        "~/.pyenv/versions/3.1[03]*/bin/python"))) + [
+        shutil.which(name) for name in ("python3.13", "python3.10")]
+    return next((path for path in found if path), None)
+
+
+def test_requirements_stop_at_their_first_line_on_another_python():
+    # No wheel of dgl 2.1.0 exists for 3.13: one line naming the Pythons
+    # that work, before pip asks an index for anything.
+    python = other_python()
+    if python is None:
+        pytest.skip("no Python other than 3.11 or 3.12 on this machine")
+    requirements = os.path.join(os.path.dirname(SCRIPT), "requirements.txt")
+    done = subprocess.run(
+        [python, "-m", "pip", "install", "--dry-run", "--no-index",
+         "-r", requirements], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines()
+              if line.startswith("ERROR")]
+    assert len(errors) == 1 and "this-project-needs-Python-3.11-or-3.12" in (
+        errors[0]), done.stderr
+    assert "torch" not in done.stdout + done.stderr
+
+
+def test_the_requirements_guard_passes_this_python():
+    from packaging.requirements import Requirement
+
+    requirements = os.path.join(os.path.dirname(SCRIPT), "requirements.txt")
+    lines = [line for line in open(requirements)
+             if line.strip() and not line.startswith("#")]
+    guard = Requirement(lines[0].strip())
+    assert guard.name == "this-project-needs-python-3-11-or-3-12"
+    assert not guard.marker.evaluate()  # this Python is 3.11 or 3.12
+    assert guard.marker.evaluate({"python_version": "3.13"})
+    assert guard.marker.evaluate({"python_version": "3.10"})

@@ -6,7 +6,10 @@ import sys
 import time
 from types import SimpleNamespace
 
+import psutil
 import pytest
+
+import gbrun.checkpoint
 
 from helpers import (
     cpu_plan,
@@ -97,6 +100,7 @@ def test_torchrun_ranks_of_a_node_share_one_copy_of_the_data(
 # node_classification.py whose ranks first report the shared-memory files of
 # their graph and features, then train; the parent reports its own at the end.
 REPORT_FILES = """
+import os
 import sys
 
 import gbrun.data.datasets
@@ -114,8 +118,30 @@ def report(who, job):
     sys.stdout.flush()
 
 
+def listeners():
+    # Every listening inet socket of the job (the launcher and all its
+    # children), once the ranks have met: they evaluate after training.
+    import psutil
+
+    job = psutil.Process(os.getppid())
+    sockets = []
+    for process in [job, *job.children(recursive=True)]:
+        sockets += [c.laddr.ip for c in process.net_connections("inet")
+                    if c.status == psutil.CONN_LISTEN]
+    return sorted(set(sockets))
+
+
 def run(rank, plan, args, job):
     report(f"rank {rank}", job)
+    evaluate = nc.evaluate
+
+    def reporting_evaluate(*args, **kwargs):
+        sys.stdout.write(f"listening on {listeners()}\\n")
+        sys.stdout.flush()
+        nc.evaluate = evaluate
+        return evaluate(*args, **kwargs)
+
+    nc.evaluate = reporting_evaluate
     return train(rank, plan, args, job)
 
 
@@ -206,6 +232,20 @@ def test_spawned_ranks_map_the_parents_copy_of_the_data(tiny_eval_run):
     assert set(files) == {"rank 0", "rank 1", "parent"}, result.stdout
     assert files["parent"].count("/torch_") == 3, files
     assert files["rank 0"] == files["rank 1"] == files["parent"], files
+
+
+@pytest.mark.slow
+def test_spawned_ranks_listen_on_loopback_alone(tiny_eval_run):
+    # They meet through a file store in a private directory, and gloo
+    # connects them over lo: nothing a job runs is reachable from another
+    # machine (a tcp:// store on 0.0.0.0 was).
+    result, _, _ = tiny_eval_run
+    seen = [line for line in result.stdout.splitlines()
+            if line.startswith("listening on ")]
+    assert len(seen) == 2, result.stdout
+    for line in seen:
+        addresses = eval(line.removeprefix("listening on "))
+        assert addresses and set(addresses) <= {"127.0.0.1", "::1"}, line
 
 
 @pytest.mark.slow
@@ -319,6 +359,47 @@ def test_a_killed_rank_fails_the_job_promptly(small_dataset):
     finally:
         kill_session(job)
 
+
+
+@pytest.mark.slow
+def test_a_killed_launcher_takes_its_ranks_and_their_memory_with_it(
+        small_dataset, tmp_path):
+    # kill -9 of the launcher (an OOM kill, a closed terminal's SIGKILL):
+    # nothing of the job may keep training, hold memory or write.
+    ckpt = tmp_path / "ckpt"
+    job = start([sys.executable, SCRIPT, "--gpu=0,1", "--dataset",
+                 small_dataset, "--epochs", "200", "--checkpoint-dir", ckpt,
+                 *FAST, *CPU])
+    try:
+        read_until(job, r"(?m)^Epoch 00000", 120)
+        ranks = spawned_ranks(job.pid)
+        assert len(ranks) == 2
+        # Each rank shows the launch command and its rank in ps.
+        for rank, pid in enumerate(ranks):
+            title = " ".join(psutil.Process(pid).cmdline())
+            assert "node_classification.py --gpu=0,1" in title, title
+            assert title.endswith(f"[rank {rank}]"), title
+        job_pids = {job.pid, *ranks}
+        os.kill(job.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        while not all(gone(pid) for pid in ranks):
+            assert time.monotonic() - killed_at < 10, "ranks outlived it"
+            time.sleep(0.1)
+        saved = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+        # torch's shared-memory manager unlinks their segments once they
+        # are gone (torch_<pid>_...): none is left 10 s after the kill.
+        while any(int(name.split("_")[1]) in job_pids
+                  for name in os.listdir("/dev/shm")
+                  if name.startswith("torch_")):
+            assert time.monotonic() - killed_at < 10, os.listdir("/dev/shm")
+            time.sleep(0.2)
+        time.sleep(1)
+        assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == saved
+        # The kernel released the directory's lock with the launcher: a
+        # --resume may take it.
+        gbrun.checkpoint.DirectoryLock(str(ckpt)).close()
+    finally:
+        kill_session(job)
 
 
 def _fails_or_hangs(rank):

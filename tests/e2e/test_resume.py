@@ -3,6 +3,7 @@ metrics.jsonl and the plot of it."""
 import json
 import math
 import os
+import shutil
 import re
 import select
 import signal
@@ -16,6 +17,7 @@ import torch
 import gbrun.batches
 import gbrun.cli
 import gbrun.checkpoint
+import gbrun.data.datasets
 import gbrun.stop
 
 from helpers import (
@@ -473,8 +475,14 @@ def test_resume_refuses_what_it_cannot_continue(small_dataset, tmp_path, capsys,
             ) in resume_error(
         capsys, small_dataset, tmp_path / "other")
 
+    # The dataset by content: one file of other bytes is another dataset,
+    # named by that file (a copy elsewhere is the same: test_staging.py).
+    identity = gbrun.data.datasets.dataset_identity(small_dataset)
+    edges = [name for name in identity if name.startswith("edges")][0]
     for change, message in [
-        ({"dataset": "/elsewhere"}, "another dataset ('/elsewhere' then, '"),
+        ({"dataset": {**identity, edges: "8 bytes, sha256 000000000000"}},
+         f"another dataset ({edges}: '8 bytes, sha256 000000000000' then, "
+         f"'{identity[edges]}' now); refused"),
         ({"fanout": [1, 1, 1]}, "another fanout ([1, 1, 1] then, [5, 5, 5] now)"),
     ]:
         make_checkpoint(tmp_path / "changed", small_dataset, **change)
@@ -532,6 +540,40 @@ def test_resume_refuses_what_it_cannot_continue(small_dataset, tmp_path, capsys,
         f.truncate(os.path.getsize(path) // 2)
     error = resume_error(capsys, small_dataset, tmp_path / "cut")
     assert f"checkpoint '{path}' is unreadable, truncated or corrupted" in error
+
+
+def test_a_finished_checkpoint_predicts_on_another_dataset_saying_so(
+        small_dataset, tmp_path, capsys, nothing_spawned):
+    # The same nodes, features and labels, 10% fewer edges: a graph that
+    # grew or was cleaned since training. --predict may use it, and says so;
+    # training on it may not.
+    import numpy as np
+
+    import node_classification as nc
+
+    other = tmp_path / "fewer_edges"
+    shutil.copytree(small_dataset, other)
+    edges = np.load(other / "edges.npy")
+    np.save(other / "edges.npy", edges[:, : edges.shape[1] * 9 // 10])
+    finished = make_checkpoint(tmp_path / "done", small_dataset,
+                               position=(3, 0, None))
+    unfinished = make_checkpoint(tmp_path / "half", small_dataset)
+    predict = ["--predict", str(tmp_path / "p.npy")]
+    args = nc.parse_args(["--dataset", str(other), "--fanout", "5,5,5",
+                          "--epochs", "3", "--checkpoint-dir",
+                          str(tmp_path / "done"), "--resume", *predict])
+    job = nc.load_job(args, cpu_plan(args, 1))
+    assert job.start.epochs == 3
+    said = capsys.readouterr().out
+    assert said.count("Predicting with the model trained on another "
+                      "dataset (edges.npy: ") == 1, said
+    job.start.lock.close()
+    assert "another dataset (edges.npy: " in resume_error(
+        capsys, str(other), tmp_path / "done")  # training on it: refused
+    assert ("it predicts on this one once its run is finished (--predict), "
+            "but trains on none but its own") in resume_error(
+        capsys, str(other), tmp_path / "half", *predict)
+    assert os.path.exists(finished) and os.path.exists(unfinished)
 
 
 def test_resume_refuses_another_optimizer_or_schedule_before_spawning(

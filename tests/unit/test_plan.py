@@ -1,7 +1,6 @@
 """plan_run decides devices, backend, world size, rendezvous and threads.
 It takes torch's and DGL's CUDA availability as arguments, so every mode is
 checked here without a GPU."""
-import socket
 
 import pytest
 
@@ -44,10 +43,11 @@ def test_auto_with_cuda_dgl_but_no_cuda_torch_is_cpu_ranks():
 
 def test_cpu_ranks_see_no_gpu_and_gpu_ranks_see_theirs():
     cpu = plan(["--gpu=0,1"], cuda=True, num_gpus=2, dgl_cuda=False)
+    lo = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
     assert cpu.rank_env == {"OMP_NUM_THREADS": "1",
-                               "CUDA_VISIBLE_DEVICES": ""}
+                            "CUDA_VISIBLE_DEVICES": "", **lo}
     gpu = plan(["--gpu=0,1"], cuda=True, num_gpus=2)
-    assert gpu.rank_env == {"OMP_NUM_THREADS": "1"}
+    assert gpu.rank_env == {"OMP_NUM_THREADS": "1", **lo}
 
 
 def test_auto_with_cuda_is_pinned_cuda_with_nccl():
@@ -130,27 +130,17 @@ def test_threads_are_at_least_one(cores, ranks, threads):
     assert plan([f"--gpu={gpus}"], cores=cores).threads == threads
 
 
-def test_rendezvous_port_is_free_unless_given():
-    def port(p):
-        assert p.init_method.startswith("tcp://127.0.0.1:")
-        return int(p.init_method.rsplit(":", 1)[1])
-
-    # While another job holds the port one plan picked, the next plan picks
-    # another one, and that one can be bound. Both lie below the ephemeral
-    # range, where outgoing connections cannot take them meanwhile.
-    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-        ephemeral_low = int(f.read().split()[0])
-    assert port(plan([])) < ephemeral_low
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", port(plan([]))))
-        held.listen()
-        again = port(plan([]))
-        assert again != held.getsockname()[1] and again < ephemeral_low
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", again))
-    given = plan(["--master-port", "29999"])
-    assert given.init_method == "tcp://127.0.0.1:29999"
-    assert given.launcher == "spawn"
+def test_spawned_ranks_meet_through_a_file_and_lo_not_a_port():
+    # launch.spawn gives them a file:// store in a private directory; gloo
+    # and NCCL connect them over lo. Under torchrun, its own rendezvous.
+    p = plan([])
+    assert p.launcher == "spawn" and p.init_method is None
+    assert p.rank_env["GLOO_SOCKET_IFNAME"] == "lo"
+    assert p.rank_env["NCCL_SOCKET_IFNAME"] == "lo"
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+    torchrun = plan([], env=env)
+    assert torchrun.init_method == "env://"
+    assert "GLOO_SOCKET_IFNAME" not in torchrun.rank_env
 
 
 def test_torchrun_environment_means_one_rank_per_process():

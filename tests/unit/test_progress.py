@@ -100,7 +100,7 @@ def edited(tmp_path, name, replacements):
 def run_in_process(path, argv):
     """The copy at `path` as the only rank of a gloo group in this process:
     its load_job, then its run(), as gbrun.launch runs a rank."""
-    from gbrun import cli, launch, stop
+    from gbrun import cli, stop
 
     example = cli.load_example(path)
     args = example.parse_args(argv)

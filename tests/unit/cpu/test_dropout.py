@@ -10,6 +10,8 @@ import subprocess
 import sys
 
 import dgl.nn as dglnn
+import os
+
 import pytest
 import torch
 import torch.nn as nn
@@ -19,7 +21,7 @@ import gbrun.graphbolt
 import gbrun.cpu.dropout as fused
 import gbrun.plan as planning
 import node_classification as nc
-from helpers import REPO, cpu_plan, with_plan
+from helpers import REPO, with_plan
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -264,7 +266,7 @@ def test_without_a_compiler_the_model_keeps_torchs_dropout(
 
 
 def test_a_fresh_cache_builds_the_kernel_once(monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("GBRUN_CACHE", str(tmp_path / "gbrun"))
     monkeypatch.setattr(fused, "_kernel", None)
     assert fused.kernel_problem() is None
     built = list((tmp_path / "gbrun").iterdir())
@@ -273,6 +275,20 @@ def test_a_fresh_cache_builds_the_kernel_once(monkeypatch, tmp_path):
     mtime = built[0].stat().st_mtime_ns
     assert fused.kernel_problem() is None
     assert built[0].stat().st_mtime_ns == mtime
+
+
+def test_a_cache_that_is_not_private_is_a_notice_not_a_kernel(
+        monkeypatch, tmp_path):
+    # The kernel is a shared library loaded into every rank: from a cache
+    # another user could write, it could be anyone's code.
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    os.chmod(shared, 0o777)
+    monkeypatch.setenv("GBRUN_CACHE", str(shared))
+    monkeypatch.setattr(fused, "_kernel", None)
+    problem = fused.kernel_problem()
+    assert problem and "is writable by others (mode 0777)" in problem
+    assert list(shared.iterdir()) == []
 
 
 @pytest.mark.parametrize("mode, problem, fused_dropout, notice", [

@@ -19,7 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import REPO
+
+ROOT = Path(REPO)
 SCRIPTS = ROOT / "scripts"
 CONVERT = SCRIPTS / "convert_to_ondisk.py"
 SYNTHETIC = SCRIPTS / "make_synthetic_dataset.py"
@@ -402,6 +404,9 @@ def test_bad_input_fails_cleanly(tmp_path, capsys, monkeypatch, case):
         (["--split", "0.8,0.1"], "expected 3 fractions"),
         (["--split", "a,b,c"], "three numbers"),
         (["--split", "0,0.5,0.5"], "train set is empty"),
+        # The example validates and tests on them: refused here, not there.
+        (["--split", "1,0,0"], "the validation set is empty"),
+        (["--split", "0.9,0.1,0"], "the test set is empty"),
         (["--train-idx", "x.npy"], "all three"),
     ],
 )
@@ -419,15 +424,63 @@ def test_existing_dir_refused_then_replaced_with_force(tmp_path):
     paths, _ = make_inputs(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
-    (out / "keep.txt").write_text("old")
+    (out / "metadata.yaml").write_text("old")
     refused = run(CONVERT, out, *convert_args(paths))
     assert refused.returncode == 2 and "already exists" in refused.stderr
-    assert (out / "keep.txt").read_text() == "old"
+    assert (out / "metadata.yaml").read_text() == "old"
 
     replaced = run(CONVERT, out, *convert_args(paths), "--force")
     assert replaced.returncode == 0, replaced.stderr
-    assert not (out / "keep.txt").exists() and (out / "metadata.yaml").exists()
+    assert (out / "metadata.yaml").read_text() != "old"
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda out: (out / "notes.txt").write_text("mine"),
+     "it holds no metadata.yaml, so it is not a dataset"),
+    (lambda out: [(out / "metadata.yaml").write_text("old"),
+                  (out / "notes.txt").write_text("mine")],
+     "it holds files this script does not write (notes.txt)"),
+    (lambda out: (out / "edges.npy").write_bytes(b"x"),
+     "it holds no metadata.yaml"),
+])
+def test_force_replaces_only_a_dataset_it_wrote(tmp_path, make, reason):
+    # A user's directory given by mistake keeps every file.
+    paths, _ = make_inputs(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    make(out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    result = run(CONVERT, out, *convert_args(paths), "--force")
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and reason in lines[0] and "nothing was removed" in lines[0], lines
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert leftovers(tmp_path) == []
+
+
+def test_force_refuses_a_dataset_holding_the_commands_input(tmp_path):
+    # Its edges were read from the directory about to be replaced.
+    paths, arrays = make_inputs(tmp_path)
+    out = tmp_path / "out"
+    _write_small_dataset(out, arrays, force=False)
+    edges = out / "edges.npy"
+    edges.write_bytes(paths["edges"].read_bytes())
+    args = convert_args(paths)
+    args[args.index(paths["edges"])] = edges
+    result = run(CONVERT, out, *args, "--force")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"it holds this command's input {edges}" in result.stderr
+    assert edges.exists()
+
+
+def test_force_refuses_the_home_directory(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "metadata.yaml").write_text("old")
+    monkeypatch.setenv("HOME", str(home))
+    with pytest.raises(inputs.DatasetError, match="it is the home directory"):
+        ondisk.check_out_dir(str(home), force=True)
 
 
 def test_force_never_replaces_the_current_directory(tmp_path):
@@ -442,7 +495,7 @@ def test_failed_write_leaves_old_dataset_untouched(tmp_path, monkeypatch):
     _, arrays = make_inputs(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
-    (out / "keep.txt").write_text("old")
+    (out / "metadata.yaml").write_text("old")
     real_save = ondisk.save_npy
 
     def save_then_fail(path, array, dtype):
@@ -456,7 +509,8 @@ def test_failed_write_leaves_old_dataset_untouched(tmp_path, monkeypatch):
             out, arrays["edges"], arrays["features"], arrays["labels"],
             arrays["train"], arrays["val"], arrays["test"], force=True,
         )
-    assert sorted(os.listdir(out)) == ["keep.txt"]
+    assert sorted(os.listdir(out)) == ["metadata.yaml"]
+    assert (out / "metadata.yaml").read_text() == "old"
     assert leftovers(tmp_path) == []
 
 
@@ -479,7 +533,7 @@ def test_interrupted_swap_keeps_old_dataset(tmp_path, monkeypatch, step, error):
     parent.mkdir()
     out = parent / "out"
     out.mkdir()
-    (out / "keep.txt").write_text("old")
+    (out / "metadata.yaml").write_text("old")
     real_rename = os.rename
     seen = []
 
@@ -504,8 +558,9 @@ def test_interrupted_swap_keeps_old_dataset(tmp_path, monkeypatch, step, error):
     if step == "final rename":
         assert "metadata.yaml" in seen[0], seen  # it failed at the very last step
     else:
-        assert seen[0] == ["keep.txt"], seen
-    assert sorted(os.listdir(out)) == ["keep.txt"] and (out / "keep.txt").read_text() == "old"
+        assert seen[0] == ["metadata.yaml"], seen
+    assert sorted(os.listdir(out)) == ["metadata.yaml"]
+    assert (out / "metadata.yaml").read_text() == "old"
     assert os.listdir(parent) == ["out"]  # no temp or backup dirs
 
 
@@ -542,6 +597,34 @@ def test_warnings_for_isolated_nodes_and_absent_classes(tmp_path):
     assert len(warnings) == 2, result.stderr
     assert f"{NUM_NODES - 3} of {NUM_NODES} nodes have no edges" in warnings[0]
     assert "2 of 6 classes have no train nodes: 4, 5" in warnings[1]
+
+
+def test_self_loops_and_repeated_edges_are_warned_of_with_their_option():
+    edges = np.array([[0, 1, 1, 2, 2, 2], [0, 0, 1, 0, 0, 0]])
+    assert inputs.edge_warnings(edges) == [
+        "2 self-loops (an edge from a node to itself), e.g. node 0; "
+        "--drop-self-loops removes them",
+        "2 edges given more than once, e.g. 2 -> 0; --add-reverse-edges "
+        "keeps each directed edge once (and adds its reverse)"]
+    assert inputs.edge_warnings(edges, True, True) == []
+    assert inputs.edge_warnings(np.array([[0, 1], [1, 0]])) == []
+
+
+def test_the_converter_warns_of_the_edges_as_given(tmp_path):
+    paths, _ = make_inputs(tmp_path)
+    np.save(paths["edges"], np.concatenate([np.load(paths["edges"]),
+                                            [[1, 1], [2, 2]]], axis=1))
+    result = run(CONVERT, tmp_path / "out", *convert_args(paths))
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines()
+                if "self-loops" in line or "more than once" in line]
+    assert len(warnings) == 2, result.stderr
+    assert all(line.startswith("warning: ") for line in warnings), warnings
+    cleaned = run(CONVERT, tmp_path / "out2", *convert_args(paths),
+                  "--drop-self-loops", "--add-reverse-edges")
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert "self-loops" not in cleaned.stderr
+    assert "more than once" not in cleaned.stderr
 
 
 def test_edge_transforms():
@@ -597,13 +680,14 @@ def test_synthetic_existing_dir_refused_then_replaced_with_force(tmp_path):
     args = ["--num-nodes", "200", "--feat-dim", "4", "--avg-degree", "3"]
     out = tmp_path / "out"
     out.mkdir()
-    (out / "keep.txt").write_text("old")
+    (out / "metadata.yaml").write_text("old")
     refused = run(SYNTHETIC, out, *args)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("make_synthetic_dataset.py: error: "), refused.stderr
     assert f"{out}: already exists" in lines[0] and "--force" in lines[0], lines[0]
-    assert sorted(os.listdir(out)) == ["keep.txt"] and (out / "keep.txt").read_text() == "old"
+    assert sorted(os.listdir(out)) == ["metadata.yaml"]
+    assert (out / "metadata.yaml").read_text() == "old"
     assert sorted(os.listdir(tmp_path)) == ["out"]
 
     replaced = run(SYNTHETIC, out, *args, "--force")
@@ -613,7 +697,7 @@ def test_synthetic_existing_dir_refused_then_replaced_with_force(tmp_path):
 
     metadata = yaml.safe_load((out / "metadata.yaml").read_text())
     assert metadata["graph"]["nodes"][0]["num"] == 200
-    assert not (out / "keep.txt").exists() and np.load(out / "node_feat.npy").shape == (200, 4)
+    assert np.load(out / "node_feat.npy").shape == (200, 4)
     assert sorted(os.listdir(tmp_path)) == ["out"]
 
 

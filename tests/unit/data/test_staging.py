@@ -1,52 +1,240 @@
-"""One dataset directory, however its path is spelled, is preprocessed once.
+"""gbrun.data.staging, with gbrun.data.metadata, gbrun.data.fingerprint and
+gbrun.cache: a dataset directory is read as data, identified by content,
+preprocessed once per content into the user's cache, and never written to.
 
-GraphBolt (dgl 2.1.0) decides whether to preprocess a dataset again by
-hashing its files under their paths as given, so `data/x`, `../data/x`, an
-absolute path or a symlink each made it rebuild `preprocessed/`.
-gbrun.data.datasets.load_dataset hands it the real path instead.
-"""
+GraphBolt (dgl 2.1.0) preprocesses into the dataset's own directory, keys
+its check by the path as spelled (so `data/x`, `../data/x`, an absolute
+path or a symlink each rebuilt `preprocessed/`), follows a `preprocessed/`
+that is a symlink, and loads `format: torch` entries with a pickle."""
 import os
+import re
+import shutil
+import subprocess
+import sys
 
 import numpy as np
+import pytest
+import yaml
 
+import gbrun.cache
 import gbrun.data.datasets
-from gbrun.data import inputs, ondisk
+from gbrun.cli import UsageError
+from gbrun.data import fingerprint, inputs, metadata, ondisk
+
+NUM_NODES = 200
 
 
-def preprocessed_files(dataset):
-    """(mtime_ns, inode) of every file under dataset/preprocessed."""
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A cache of this test's own (GBRUN_CACHE)."""
+    path = tmp_path / "cache"
+    monkeypatch.setenv("GBRUN_CACHE", str(path))
+    return path
+
+
+def write_dataset(directory, seed=0):
+    rng = np.random.default_rng(seed)
+    ondisk.write_ondisk_dataset(
+        str(directory), rng.integers(0, NUM_NODES, (2, 1000)),
+        rng.random((NUM_NODES, 4), dtype=np.float32),
+        rng.integers(0, 2, NUM_NODES),
+        *inputs.split_nodes(NUM_NODES, (0.6, 0.2, 0.2), seed),
+    )
+    return directory
+
+
+def snapshot(directory):
+    """Every path under `directory` with its bytes, mode and times: what a
+    write of any kind would change."""
     found = {}
-    for root, _, files in os.walk(os.path.join(dataset, "preprocessed")):
-        for name in files:
+    for root, dirs, files in os.walk(directory):
+        for name in dirs + files:
             path = os.path.join(root, name)
-            status = os.stat(path)
-            found[os.path.relpath(path, dataset)] = (status.st_mtime_ns, status.st_ino)
+            status = os.lstat(path)
+            content = (open(path, "rb").read() if os.path.isfile(path)
+                       and not os.path.islink(path) else None)
+            found[os.path.relpath(path, directory)] = (
+                content, status.st_mode, status.st_mtime_ns, status.st_ino)
     return found
 
 
-def test_one_dataset_under_four_spellings_is_preprocessed_once(tmp_path, monkeypatch):
-    rng = np.random.default_rng(0)
-    num_nodes = 200
-    dataset = tmp_path / "data" / "x"
-    ondisk.write_ondisk_dataset(
-        str(dataset), rng.integers(0, num_nodes, (2, 1000)),
-        rng.random((num_nodes, 4), dtype=np.float32),
-        rng.integers(0, 2, num_nodes), *inputs.split_nodes(num_nodes, (0.6, 0.2, 0.2), 0),
-    )
+def staged_dirs(cache):
+    return sorted(os.listdir(cache / "datasets"))
+
+
+def test_one_dataset_under_five_spellings_is_preprocessed_once(
+        tmp_path, cache, monkeypatch, capsys):
+    dataset = write_dataset(tmp_path / "data" / "x")
+    before = snapshot(dataset)
     (tmp_path / "sub").mkdir()
     os.symlink(dataset, tmp_path / "link")
-
     monkeypatch.chdir(tmp_path)
     gbrun.data.datasets.load_dataset("data/x")
-    first = preprocessed_files(dataset)
-    assert any(name.endswith("metadata.yaml") for name in first), first
-
-    spellings = [("sub", "../data/x"), ("sub", str(dataset)), (".", "link"),
-                 (".", "./data//x/")]
-    for cwd, spelling in spellings:
+    assert "Preprocessed dataset 'data/x' into " in capsys.readouterr().out
+    [made] = staged_dirs(cache)
+    first = snapshot(cache / "datasets")
+    for cwd, spelling in [("sub", "../data/x"), ("sub", str(dataset)),
+                          (".", "link"), (".", "./data//x/")]:
         monkeypatch.chdir(tmp_path / cwd)
         loaded = gbrun.data.datasets.load_dataset(spelling)
         assert len(loaded.tasks[0].train_set) == 120
-        assert preprocessed_files(dataset) == first, (
-            f"loading {spelling!r} from {cwd}/ rewrote preprocessed/"
-        )
+        assert "Preprocessed" not in capsys.readouterr().out, spelling
+        assert snapshot(cache / "datasets") == first, spelling
+    # The dataset itself was only read: no preprocessed/ in it, nothing
+    # changed.
+    assert snapshot(dataset) == before
+
+
+def test_a_copy_is_the_same_dataset_and_a_rewrite_is_another(tmp_path, cache):
+    dataset = write_dataset(tmp_path / "x")
+    gbrun.data.datasets.load_dataset(str(dataset))
+    shutil.copytree(dataset, tmp_path / "copy")
+    identity = gbrun.data.datasets.dataset_identity(str(dataset))
+    assert gbrun.data.datasets.dataset_identity(str(tmp_path / "copy")) == identity
+    gbrun.data.datasets.load_dataset(str(tmp_path / "copy"))
+    assert len(staged_dirs(cache)) == 1
+    # Rewritten in place with another seed: the same files, the same sizes,
+    # other bytes.
+    write_dataset(tmp_path / "y", seed=1)
+    for name in os.listdir(tmp_path / "y"):
+        shutil.copyfile(tmp_path / "y" / name, dataset / name)
+    rewritten = gbrun.data.datasets.dataset_identity(str(dataset))
+    assert rewritten != identity
+    assert {k: v.split(",")[0] for k, v in rewritten.items()} == {
+        k: v.split(",")[0] for k, v in identity.items()}  # same sizes
+    gbrun.data.datasets.load_dataset(str(dataset))
+    assert len(staged_dirs(cache)) == 2
+
+
+def test_a_digest_is_read_again_once_the_file_changed(tmp_path, cache):
+    # Same size, mtime set back: the status-change time still moves.
+    path = tmp_path / "a.npy"
+    np.save(path, np.zeros(8))
+    first = fingerprint.file_digest(str(path))
+    status = os.stat(path)
+    np.save(path, np.ones(8))
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert os.path.getsize(path) == status.st_size
+    assert fingerprint.file_digest(str(path)) != first
+    # Unchanged: from the cache (whose entry, planted, is what comes back).
+    [entry] = [e for e in os.listdir(cache / "digests")
+               if open(cache / "digests" / e).read() != first]
+    (cache / "digests" / entry).write_text("planted")
+    assert fingerprint.file_digest(str(path)) == "planted"
+
+
+def test_a_dataset_on_a_read_only_mount_trains_data_from_the_cache(
+        tmp_path, cache):
+    # What a dataset shared read-only (or owned by another user) is: loaded,
+    # nothing written into it.
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare for a private read-only mount")
+    dataset = write_dataset(tmp_path / "x")
+    load = ("import gbrun.data.datasets as d; "
+            f"print(len(d.load_dataset({str(dataset)!r}).tasks[0].train_set))")
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c",
+         f"mount --bind -o ro {dataset} {dataset} && "
+         f"touch {dataset}/probe 2>/dev/null && echo writable; "
+         f"exec {sys.executable} -c \"$0\"", load],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "120", done.stdout
+    assert "writable" not in done.stdout
+    assert "preprocessed" not in os.listdir(dataset)
+    assert len(staged_dirs(cache)) == 1
+
+
+def test_a_preprocessed_dir_shipped_with_a_dataset_is_never_read_or_written(
+        tmp_path, cache):
+    # A symlink out of the dataset, and a pickle GraphBolt would load.
+    dataset = write_dataset(tmp_path / "x")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "fused_csc_sampling_graph.pt").write_bytes(b"not a graph")
+    os.symlink(elsewhere, dataset / "preprocessed")
+    before = snapshot(elsewhere)
+    loaded = gbrun.data.datasets.load_dataset(str(dataset))
+    assert loaded.graph.total_num_nodes == NUM_NODES
+    assert snapshot(elsewhere) == before
+
+
+def edit_metadata(dataset, edit):
+    path = dataset / "metadata.yaml"
+    data = yaml.safe_load(path.read_text())
+    edit(data)
+    path.write_text(yaml.safe_dump(data))
+
+
+def first_feature(data):
+    return data["feature_data"][0]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: first_feature(d).update(format="torch"),
+     "has format 'torch': gbrun reads numpy files only"),
+    (lambda d: first_feature(d).update(path="/etc/passwd"),
+     "a path relative to the dataset directory is expected"),
+    (lambda d: first_feature(d).update(path="../outside.npy"),
+     "leads outside the dataset directory"),
+    (lambda d: first_feature(d).update(path="missing.npy"),
+     "no such file in the dataset"),
+    (lambda d: first_feature(d).update(path="objects.npy"),
+     "a .npy array of Python objects"),
+])
+def test_metadata_naming_what_is_not_data_is_refused(
+        tmp_path, cache, edit, message):
+    dataset = write_dataset(tmp_path / "x")
+    np.save(tmp_path / "outside.npy", np.zeros(3))
+    np.save(dataset / "objects.npy", np.array([{"a": 1}], dtype=object),
+            allow_pickle=True)
+    edit_metadata(dataset, edit)
+    with pytest.raises(UsageError) as refused:
+        gbrun.data.datasets.load_dataset(str(dataset))
+    line = str(refused.value)
+    assert "\n" not in line and message in line, line
+    assert "metadata.yaml's feature_data[0]" in line, line
+    assert not (cache / "datasets").exists() or staged_dirs(cache) == []
+
+
+def test_a_symlink_leading_out_of_the_dataset_is_refused(tmp_path):
+    dataset = write_dataset(tmp_path / "x")
+    name = yaml.safe_load((dataset / "metadata.yaml").read_text())[
+        "feature_data"][0]["path"]
+    os.replace(dataset / name, tmp_path / "moved.npy")
+    os.symlink(tmp_path / "moved.npy", dataset / name)
+    with pytest.raises(metadata.MetadataError, match="leads outside"):
+        metadata.checked_files(str(dataset), metadata.read_metadata(str(dataset)))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda root: os.symlink(root.parent / "real", root),
+     "is a symlink"),
+    (lambda root: (root.mkdir(), os.chmod(root, 0o777)),
+     "is writable by others (mode 0777)"),
+    (lambda root: (root.mkdir(), os.chown(root, 12345, -1)),
+     "belongs to uid 12345, not to this user"),
+])
+def test_a_cache_that_is_not_this_users_alone_is_refused(
+        tmp_path, make, message):
+    if "uid" in message and os.geteuid() != 0:
+        pytest.skip("needs root to give a directory to another user")
+    (tmp_path / "real").mkdir()
+    root = tmp_path / "cache"
+    make(root)
+    env = {"GBRUN_CACHE": str(root)}
+    with pytest.raises(gbrun.cache.CacheError, match=re.escape(message)):
+        gbrun.cache.cache_dir("datasets", env=env)
+    assert not os.path.exists(tmp_path / "real" / "datasets")
+
+
+def test_a_relative_cache_is_refused(monkeypatch):
+    with pytest.raises(gbrun.cache.CacheError, match="not an absolute path"):
+        gbrun.cache.cache_dir(env={"GBRUN_CACHE": "relative/cache"})
+
+
+def test_the_cache_is_made_private(tmp_path):
+    path = gbrun.cache.cache_dir(
+        "datasets", env={"GBRUN_CACHE": str(tmp_path / "new")})
+    for made in (tmp_path / "new", path):
+        assert os.stat(made).st_mode & 0o777 == 0o700
