@@ -25,6 +25,8 @@ The rank runtime, which the example's run() and loop reach:
     metrics     torchmetrics across ranks where a rank has no items
     graphbolt   GraphBolt's import, its API shapes by release, the private
                 attributes read
+    cache       the user's private cache directory (preprocessed datasets,
+                the dropout kernel)
 
 And three subpackages, each for one audience:
 

@@ -342,10 +342,16 @@ def check_plain(value, where):
 def save_atomically(obj, path, save=None):
     """Write with `save(obj, file)` (torch.save by default), flush to disk,
     then rename: a crash while saving leaves the previous file intact."""
-    # A new file of a name nobody could plant a symlink at beforehand.
+    # A new file of a name nobody could plant a symlink at beforehand, in
+    # the directory as `path` names it: resolved from the working directory
+    # as the rename's target is (on a simulated machine, /tmp may be
+    # another mount than the one the working directory lies on).
+    parent = os.path.dirname(path) or os.curdir
     descriptor, temporary = tempfile.mkstemp(
-        dir=os.path.dirname(os.path.abspath(path)),
+        dir=parent,
         prefix=f".{os.path.basename(path)}.")
+    # mkstemp returns the name made absolute: keep it as `parent` spells it.
+    temporary = os.path.join(parent, os.path.basename(temporary))
     os.fchmod(descriptor, 0o666 & ~umask())  # as open() would make it
     try:
         with os.fdopen(descriptor, "wb") as f:
@@ -364,7 +370,7 @@ def save_atomically(obj, path, save=None):
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
-    directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    directory = os.open(parent, os.O_RDONLY)
     try:
         os.fsync(directory)
     finally:

@@ -19,7 +19,12 @@ import traceback
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-import setproctitle
+# setproctitle would otherwise move the environment to make room for a long
+# title, which empties /proc/<pid>/environ (what ps e, psutil and debuggers
+# read): the title then fits in the command line's own space, so it starts
+# with the rank.
+os.environ.setdefault("SPT_NOENV", "1")
+import setproctitle  # noqa: E402
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.reductions import ForkingPickler
@@ -203,9 +208,9 @@ def run_rank(rank, run, plan, args, job, stop_request=None, on_failure=None,
     on the dead sampler's queue); by default, a lock of this call's own.
     The rank dies with its parent (die_with_parent: `parent`, the spawning
     launcher's pid, or torchrun's agent) and shows in `ps` as the launch's
-    command line with its rank."""
+    command line, after its rank."""
     die_with_parent(parent)
-    setproctitle.setproctitle(f"{launch_command()} [rank {rank}]")
+    setproctitle.setproctitle(f"[rank {rank}] {launch_command()}")
     if report is None:
         report = threading.Lock()
     stopped_by = 0

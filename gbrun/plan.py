@@ -187,6 +187,11 @@ def plan_run(args, gpus, num_workers, env=os.environ, machine=None,
         notices.append(f"--fused-dropout: {problem}; the model keeps "
                        "torch's dropout.")
         fused_dropout = False
+    if train_device == "cpu" and local_world_size > num_cores:
+        notices.append(
+            f"{local_world_size} CPU processes on {num_cores} cores: they "
+            "take turns on the cores, one thread each, so each epoch takes "
+            f"longer than with {num_cores} processes.")
     # Upstream's cpu_count // 2 // world_size is 0 on small machines.
     threads = args.threads or max(1, num_cores // local_world_size)
     rank_env = {"OMP_NUM_THREADS": str(threads)}

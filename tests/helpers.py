@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -143,9 +144,9 @@ def spawned_ranks(launcher):
     """The pids of a launcher's ranks, rank 0 first (mp.spawn starts them in
     order)."""
     # A rank's command line is multiprocessing's spawn_main until it sets
-    # its title: "<the launch command> [rank N]".
+    # its title: "[rank N] <the launch command>".
     ranks = [child for child in psutil.Process(launcher).children()
-             if re.search(r"spawn_main|\[rank \d+\]$",
+             if re.search(r"spawn_main|^\[rank \d+\] ",
                           " ".join(child.cmdline()))]
     return [rank.pid for rank in sorted(ranks, key=lambda p: p.create_time())]
 
@@ -276,7 +277,7 @@ def reported_test_accuracy(stdout):
 
 
 
-def _gloo_worker(rank, world_size, port, fn, args, out_dir):
+def _gloo_worker(rank, world_size, store, fn, args, out_dir):
     import datetime
 
     import torch
@@ -284,7 +285,7 @@ def _gloo_worker(rank, world_size, port, fn, args, out_dir):
 
     # A short timeout turns any stuck rendezvous or collective into an error.
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}",
+        "gloo", init_method=f"file://{store}",
         world_size=world_size, rank=rank,
         timeout=datetime.timedelta(seconds=60),
     )
@@ -292,7 +293,7 @@ def _gloo_worker(rank, world_size, port, fn, args, out_dir):
 
     try:
         torch.save(fn(rank, *args), os.path.join(out_dir, f"{rank}.pt"))
-        # Rank 0 hosts the rendezvous store: nobody leaves before all are done.
+        # Nobody leaves before all are done.
         dist.barrier()
     finally:
         destroy_process_group()
@@ -306,11 +307,12 @@ def run_gloo_group(fn, world_size, tmp_path, *args, timeout=120):
     import torch
     import torch.multiprocessing as mp
 
-    from gbrun.plan import free_port
-
+    # The ranks meet through a file, as launch.spawn's do: no port to find.
+    store = tempfile.mkdtemp(dir=tmp_path, prefix="store-")
     context = mp.spawn(
         _gloo_worker,
-        args=(world_size, free_port(), fn, args, str(tmp_path)),
+        args=(world_size, os.path.join(store, "store"), fn, args,
+              str(tmp_path)),
         nprocs=world_size,
         join=False,
     )

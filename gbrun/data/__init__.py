@@ -9,5 +9,10 @@ one place so that they agree.
               splits, self-loops, reverse edges)
     ondisk    the OnDiskDataset writer scripts/convert_to_ondisk.py and
               scripts/make_synthetic_dataset.py share
+    metadata  a dataset's metadata.yaml read as data: the files it names,
+              numpy or CSV, inside the dataset
+    fingerprint  a dataset identified by content (cached SHA-256 per file)
+    staging   GraphBolt's preprocessing of a dataset, once per content, in
+              the cache, never in the dataset
 Importing gbrun.data.inputs, labels or ondisk loads no torch.
 """

@@ -374,11 +374,13 @@ def test_a_killed_launcher_takes_its_ranks_and_their_memory_with_it(
         read_until(job, r"(?m)^Epoch 00000", 120)
         ranks = spawned_ranks(job.pid)
         assert len(ranks) == 2
-        # Each rank shows the launch command and its rank in ps.
+        # Each rank shows its rank and the launch command in ps, and its
+        # environment stays readable (tools find jobs by it).
         for rank, pid in enumerate(ranks):
             title = " ".join(psutil.Process(pid).cmdline())
-            assert "node_classification.py --gpu=0,1" in title, title
-            assert title.endswith(f"[rank {rank}]"), title
+            assert title.startswith(f"[rank {rank}] "), title
+            assert "node_classification.py" in title, title
+            assert "OMP_NUM_THREADS" in psutil.Process(pid).environ()
         job_pids = {job.pid, *ranks}
         os.kill(job.pid, signal.SIGKILL)
         killed_at = time.monotonic()

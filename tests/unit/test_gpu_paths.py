@@ -8,6 +8,7 @@ import dataclasses
 import datetime
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,14 +88,14 @@ def test_collectives_keep_every_tensor_on_the_ranks_device(monkeypatch):
     assert {t.device for t in seen} == {META}
 
 
-def docs_prediction_snippet(dataset, model_file):
-    """docs/running.md's load-and-predict snippet, on `dataset` and
-    `model_file`."""
+def docs_prediction_snippet(dataset, model_dir):
+    """docs/running.md's load-and-predict snippet, on `dataset` and the
+    model.pt and model.json in `model_dir`."""
     doc = open(os.path.join(REPO, "docs", "running.md")).read()
     blocks = [block.split("```")[0] for block in doc.split("```python\n")[1:]]
-    (snippet,) = [block for block in blocks if "model.pt" in block]
+    (snippet,) = [block for block in blocks if "load_model" in block]
     return snippet.replace("data/synthetic", dataset).replace(
-        "runs/a/model.pt", model_file)
+        '"runs/a"', repr(str(model_dir)))
 
 
 @pytest.mark.slow
@@ -126,12 +127,14 @@ def test_files_saved_by_gpu_ranks_load_without_cuda(
     assert "CUDA" in plain.stderr and plain.returncode == 1, plain.stderr
     # The docs' snippet loads it and predicts as well as the trained model
     # scored (chance is 0.1).
-    predicted = python(docs_prediction_snippet(small_dataset, model_file))
+    shutil.copy(out / "ckpt" / gbrun.checkpoint.MODEL_CONFIG_FILE,
+                tmp_path / "ckpt")
+    predicted = python(docs_prediction_snippet(small_dataset, tmp_path / "ckpt"))
     assert predicted.returncode == 0, predicted.stderr[-2000:]
-    found = re.search(r"test accuracy (\d\.\d+) on (\d+) nodes",
+    found = re.search(r"predicted (\d+) nodes; test accuracy (\d\.\d+)",
                       predicted.stdout)
-    assert found and int(found[2]) == 600, predicted.stdout
-    assert abs(float(found[1]) - reported_test_accuracy(trained.stdout)) < 0.1
+    assert found and int(found[1]) == 3000, predicted.stdout
+    assert abs(float(found[2]) - reported_test_accuracy(trained.stdout)) < 0.1
     # scripts/check_gpu.py's check loads it on the CPU too.
     import check_gpu
 

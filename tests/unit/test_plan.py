@@ -127,7 +127,14 @@ def test_bad_gpu_lists(gpu):
 )
 def test_threads_are_at_least_one(cores, ranks, threads):
     gpus = ",".join(map(str, range(ranks)))
-    assert plan([f"--gpu={gpus}"], cores=cores).threads == threads
+    p = plan([f"--gpu={gpus}"], cores=cores)
+    assert p.threads == threads
+    # More CPU ranks than cores: one notice saying what it costs.
+    shared = [n for n in p.notices if "take turns on the cores" in n]
+    assert shared == ([f"{ranks} CPU processes on {cores} cores: they take "
+                       "turns on the cores, one thread each, so each epoch "
+                       f"takes longer than with {cores} processes."]
+                      if ranks > cores else [])
 
 
 def test_spawned_ranks_meet_through_a_file_and_lo_not_a_port():

@@ -4,6 +4,7 @@ resume, never an ignored SIGTERM), and train() reaches the package in at
 most 8 lines. Each edit runs the copy's own run() in this process, as the
 only rank of a gloo group, for 3 batches an epoch."""
 import os
+import dataclasses
 import re
 import signal
 import subprocess
@@ -106,12 +107,17 @@ def run_in_process(path, argv):
     args = example.parse_args(argv)
     plan = cpu_plan(args, 1)
     job = example.load_job(args, plan)
+    # Its group meets through a file beside the copy (as launch.spawn's).
+    plan = dataclasses.replace(plan, init_method="file://" + os.path.join(
+        os.path.dirname(os.path.abspath(path)), "store"))
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT,
                                                  signal.SIGTERM)}
     stop.install(torch.device("cpu"), None)
     try:
         example.run(0, plan, args, job)
     finally:
+        if job.start.lock:  # as the launcher's end releases it
+            job.start.lock.close()
         if dist.is_initialized():
             dist.destroy_process_group()
         for signum, handler in handlers.items():

@@ -171,6 +171,8 @@ def prefetcher_intervals():
     prefetcher = sys.modules["torchdata.datapipes.iter.util.prefetcher"]
     names = ("PRODUCER_SLEEP_INTERVAL", "CONSUMER_SLEEP_INTERVAL")
     saved = {name: getattr(prefetcher, name) for name in names}
+    for name in names:  # as torchdata sets them, whatever ran before
+        setattr(prefetcher, name, 0.0001)
     yield prefetcher
     for name, value in saved.items():
         setattr(prefetcher, name, value)
