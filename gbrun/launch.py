@@ -19,12 +19,7 @@ import traceback
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-# setproctitle would otherwise move the environment to make room for a long
-# title, which empties /proc/<pid>/environ (what ps e, psutil and debuggers
-# read): the title then fits in the command line's own space, so it starts
-# with the rank.
-os.environ.setdefault("SPT_NOENV", "1")
-import setproctitle  # noqa: E402
+import setproctitle
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.reductions import ForkingPickler
@@ -210,7 +205,7 @@ def run_rank(rank, run, plan, args, job, stop_request=None, on_failure=None,
     launcher's pid, or torchrun's agent) and shows in `ps` as the launch's
     command line, after its rank."""
     die_with_parent(parent)
-    setproctitle.setproctitle(f"[rank {rank}] {launch_command()}")
+    show_in_ps(f"[rank {rank}] {launch_command()}")
     if report is None:
         report = threading.Lock()
     stopped_by = 0
@@ -255,6 +250,23 @@ def die_with_parent(parent_pid=None):
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if parent_pid is not None and os.getppid() != parent_pid:
         os._exit(1)
+
+
+def show_in_ps(title):
+    """This process's title in ps, within its command line's own space (a
+    long title is cut at its end): without SPT_NOENV, which setproctitle
+    reads at its first call, it would move the environment to make room,
+    emptying /proc/<pid>/environ (what ps e, psutil and debuggers read).
+    The environment is left as it was."""
+    saved = os.environ.get("SPT_NOENV")
+    os.environ["SPT_NOENV"] = "1"
+    try:
+        setproctitle.setproctitle(title)
+    finally:
+        if saved is None:
+            del os.environ["SPT_NOENV"]
+        else:
+            os.environ["SPT_NOENV"] = saved
 
 
 def launch_command():
