@@ -162,10 +162,11 @@ def create_dataloader(graph, features, itemset, device, storage, is_train, args,
     ############################################################################
     # (HIGHLIGHT) Get a GraphBolt dataloader for node classification with
     # multi-process distributed training. DistributedItemSampler instead of
-    # ItemSampler gives every rank its own contiguous share of the items, in
-    # whole batches. For training, `drop_last` and `drop_uneven_inputs` give
-    # every rank the same number of full batches; for evaluation nothing is
-    # dropped, so every item is scored exactly once (some ranks may get none).
+    # ItemSampler gives every rank its own share of the items, in whole
+    # batches (each training epoch's shares are cut from one new permutation
+    # of all of them: gbrun.graphbolt.share_one_permutation). For training,
+    # `drop_last` and `drop_uneven_inputs` give every rank the same number of
+    # full batches; for evaluation nothing is dropped, so every item is scored exactly once (some ranks may get none).
     ############################################################################
     item_sampler = gb.DistributedItemSampler(
         item_set=itemset,

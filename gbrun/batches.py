@@ -12,7 +12,9 @@ import tqdm
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import get_all_graph_pipes
 
-from .graphbolt import batches_per_rank, gb, seed_item_sampler
+from .graphbolt import (
+    batches_per_rank, gb, seed_item_sampler, share_one_permutation,
+)
 from .sources import BatchSource
 
 def item_sampler_of(dataloader):
@@ -70,6 +72,13 @@ class Batches:
         if isinstance(self.dataloader, BatchSource):
             return self.dataloader.source(self)
         item_sampler = item_sampler_of(self.dataloader)
+        if self.epoch is not None:
+            # The ranks share out one permutation of the whole train set,
+            # new every epoch: from (seed, epoch), alike on every rank (an
+            # unseeded run's from the epoch alone; its shuffling inside a
+            # share and its sampling stay unseeded).
+            share_one_permutation(item_sampler, derived_seed(
+                *(() if self.seed is None else (self.seed,)), self.epoch))
         seed = self.pass_seed()
         if seed is not None:
             # Shuffling, neighbor sampling and anything else random.

@@ -6,10 +6,11 @@ GraphBolt library for a torch they were not built for.
 
 Also the options that differ between GraphBolt releases, told apart by
 signature (never by version strings), and the one place that reads
-GraphBolt's private attributes: an item sampler's shuffling state and its
-batch count, which no public API gives (see seed_item_sampler and
-batches_per_rank, with the releases read). tests/test_graphbolt_internals_still_exist.py
-fails loudly when a release lacks them.
+GraphBolt's private attributes: an item sampler's shuffling state, its
+items and its batch count, which no public API gives (see
+seed_item_sampler, share_one_permutation and batches_per_rank, with the
+releases read). tests/unit/test_graphbolt.py fails loudly when a release
+lacks them.
 """
 import inspect
 
@@ -74,6 +75,68 @@ def seed_item_sampler(item_sampler, seed, rank, epoch, derive):
             "_seed and _epoch (dgl 2.3-2.4): update gbrun/graphbolt.py's "
             "seed_item_sampler for it"
         )
+
+
+class PermutedItems:
+    """An item set seen through one permutation (`order`, positions in it):
+    what dgl 2.1-2.2's ItemShufflerAndBatcher slices (len, and [a:b] giving
+    a tensor, a tuple of them, or for an ItemSetDict {type: those}, as the
+    item set's own slices do). The items are read once, by the public
+    slice of all of them."""
+
+    def __init__(self, item_set):
+        self.items = item_set[0:len(item_set)]
+        self.order = torch.arange(len(item_set))
+        if isinstance(self.items, dict):
+            sizes = [len(items if torch.is_tensor(items) else items[0])
+                     for items in self.items.values()]
+            self.offsets = torch.tensor([0, *sizes]).cumsum(0)
+
+    def __len__(self):
+        return len(self.order)
+
+    def __getitem__(self, positions):
+        positions = self.order[positions]
+        if not isinstance(self.items, dict):
+            return _take(self.items, positions)
+        # Grouped by type, in the item set's order of types: the batcher's
+        # offsets over the slice are those of its dict's values.
+        kinds = torch.searchsorted(self.offsets, positions, right=True) - 1
+        return {key: _take(items, positions[kinds == j] - self.offsets[j])
+                for j, (key, items) in enumerate(self.items.items())
+                if (kinds == j).any()}
+
+
+def _take(items, positions):
+    if torch.is_tensor(items):
+        return items[positions]
+    return tuple(item[positions] for item in items)
+
+
+def share_one_permutation(item_sampler, seed):
+    """Makes a shuffling DistributedItemSampler's ranks share out one
+    permutation of all the items in this pass, drawn alike on every rank
+    from `seed` (an int), as one process shuffles all of them:
+    - dgl 2.1-2.2 (item_sampler.py at v2.1.0 and v2.2.1) give each rank the
+      same contiguous slice of the items every epoch and shuffle only
+      inside it, so a train set stored in id (or class) order gives each
+      rank a fixed part of it: 2 ranks trained worse than 1 on such a
+      graph. Here the slices are cut from a permutation (`_item_set` seen
+      through PermutedItems), the same on every rank.
+    - dgl 2.3-2.4 (v2.3.0, v2.4.0) already permute all items every epoch
+      before slicing (dmlc/dgl#7408), with a seed rank 0 broadcasts:
+      nothing to do.
+    A sampler that does not shuffle, has one rank (whose share is all the
+    items, shuffled), or cannot be indexed is left alone."""
+    if not (hasattr(item_sampler, "_rng") and item_sampler._shuffle
+            and item_sampler._distributed and item_sampler._world_size > 1
+            and item_sampler._use_indexing):
+        return
+    items = item_sampler._item_set
+    if not isinstance(items, PermutedItems):
+        items = item_sampler._item_set = PermutedItems(items)
+    items.order = torch.randperm(
+        len(items), generator=torch.Generator().manual_seed(seed))
 
 
 def batches_per_rank(item_sampler):

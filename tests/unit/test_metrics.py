@@ -28,9 +28,35 @@ def _shards(rank):
         counts.append((len(handed_out), batches_per_rank(sampler)))
         return handed_out
 
+    def shared_out(item_set, seed):
+        """One training pass as gbrun.batches runs it: the ranks share out
+        one permutation of the items."""
+        from gbrun.graphbolt import share_one_permutation
+
+        sampler = gb.DistributedItemSampler(item_set, batch_size=10,
+                                            shuffle=True, drop_last=True,
+                                            drop_uneven_inputs=True)
+        handed_out = []
+        for pass_seed in (seed, seed + 1):
+            share_one_permutation(sampler, pass_seed)
+            handed_out.append([batch.seed_nodes for batch in sampler])
+        return handed_out
+
     small = torch.arange(15)
     big = torch.arange(400)
+    by_type = gb.ItemSetDict({
+        "a": gb.ItemSet(torch.arange(300), names="seed_nodes"),
+        "b": gb.ItemSet(torch.arange(1000, 1100), names="seed_nodes")})
     return {
+        "permuted": [[torch.cat(batches).tolist() for batches in passes]
+                     for passes in (shared_out(gb.ItemSet(
+                         big, names="seed_nodes"), 5), shared_out(
+                         gb.ItemSet(big, names="seed_nodes"), 5))],
+        "permuted_by_type": [
+            [sorted(sum((batch[key].tolist() for batch in batches
+                         for key in batch), [])) for batches in passes]
+            for passes in [shared_out(by_type, 9)]],
+
         "plain": batches(small, 2),
         "drop_last": batches(small, 2, drop_last=True),
         "drop_both": batches(small, 2, drop_last=True, drop_uneven_inputs=True),
@@ -93,6 +119,26 @@ def test_distributed_item_sampler_sharding(pieces):
         assert sorted(first) == sorted(second) == own
         # ... and gives a new order every epoch.
         assert first != second and first != own
+    # Training passes as gbrun runs them (share_one_permutation): each
+    # pass, the ranks' shares are disjoint slices of one permutation of all
+    # the items (400 / 4 ranks: every item once), new every pass, the same
+    # again under the same seed, and not the contiguous slices above.
+    for which in ("permuted", "permuted_by_type"):
+        for epoch in (0, 1):
+            seen = sum((s[which][0][epoch] for s in shards), [])
+            assert len(seen) == len(set(seen)) == 400, which
+            assert all(sorted(s[which][0][0]) != sorted(s[which][0][1])
+                       for s in shards), which
+    for shard in shards:
+        # The same shares again (the order inside one is the rank's own
+        # shuffling, unseeded here).
+        assert list(map(sorted, shard["permuted"][0])) == list(
+            map(sorted, shard["permuted"][1]))
+        assert sorted(shard["permuted"][0][0]) != sorted(
+            sum(shard["unshuffled"], []))
+    # Node types mix in every rank's share.
+    assert all(min(s["permuted_by_type"][0][0]) < 300 <= 1000 <= max(
+        s["permuted_by_type"][0][0]) for s in shards)
 
 
 def _reduce(rank, sums, counts):
