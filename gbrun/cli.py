@@ -5,6 +5,7 @@ import argparse
 import os
 import re
 import sys
+import traceback
 
 
 MODES = ["auto", "cpu-cpu", "cpu-cuda", "pinned-cuda", "cuda-cuda"]
@@ -14,11 +15,22 @@ class UsageError(Exception):
     """Bad input: reported as one line, exit status 2, before any spawn."""
 
 
+# Set (to anything but empty), a one-line error is preceded by the
+# traceback it was made from, its hidden cause included.
+TRACEBACK_ENV = "GBRUN_TRACEBACK"
+
+
 def fail(message, speak=True):
     """Bad input, as every script here reports it: one line naming the bad
     value, exit status 2. Processes that found the same bad input as another
-    one that reports it (torchrun's ranks) exit without a word."""
+    one that reports it (torchrun's ranks) exit without a word. Called while
+    an exception is handled, with GBRUN_TRACEBACK set, its traceback (and
+    the cause it was raised from, shown or not) comes first."""
     if speak:
+        error = sys.exc_info()[1]
+        if error is not None and os.environ.get(TRACEBACK_ENV):
+            error.__suppress_context__ = False
+            traceback.print_exception(error, file=sys.stderr)
         print(f"{os.path.basename(sys.argv[0])}: error: {message}",
               file=sys.stderr)
     sys.exit(2)

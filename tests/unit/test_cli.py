@@ -331,3 +331,27 @@ def test_a_heterogeneous_dataset_is_refused_naming_its_types(
         error = capsys.readouterr().err.strip().splitlines()
         assert error[-1].endswith(expected), error
         assert not [line for line in error if "error" in line.lower()][:-1]
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_one_line_error_shows_its_traceback_only_when_asked(
+        monkeypatch, capsys, verbose):
+    """A failure the machine causes (a full disk) is one line; with
+    GBRUN_TRACEBACK=1 the traceback it was made from comes first, with the
+    cause the one line hid."""
+    from gbrun.cli import UsageError, fail
+
+    monkeypatch.setenv("GBRUN_TRACEBACK", "1" if verbose else "")
+    with pytest.raises(SystemExit) as exited:
+        try:
+            try:
+                raise OSError(28, "No space left on device")
+            except OSError:
+                raise UsageError("could not write x: No space left") from None
+        except UsageError as error:
+            fail(error)
+    assert exited.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1].endswith("error: could not write x: No space left")
+    assert (len(lines) > 1) == verbose
+    assert ("OSError: [Errno 28] No space left on device" in lines) == verbose
