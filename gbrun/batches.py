@@ -1,10 +1,12 @@
 """A rank's mini-batches for one pass: skipped and limited, with a progress
 bar on rank 0 and the time spent waiting for data, seeded so that a run
-repeats and resumes exactly at any step."""
+repeats and resumes exactly at any step (Batches); and an evaluation
+loader whose every pass is seeded by its own name (Evaluation)."""
 import contextlib
 import itertools
 import random
 import time
+import zlib
 
 import numpy as np
 import torch
@@ -123,6 +125,31 @@ class Batches:
             # (a stop) has trained `step` batches.
             self.step += 1
             yield data
+
+
+class Evaluation:
+    """A data loader whose every pass is a Batches pass (see
+    Progress.evaluation), seeded by the pass's own name: (the loader's
+    name, the epoch it validates or the end of training, which pass of
+    this loader in that epoch)."""
+
+    def __init__(self, progress, dataloader, name):
+        self.progress, self.dataloader, self.name = progress, dataloader, name
+        self.passes = {}  # epoch: passes of this loader so far
+
+    def __iter__(self):
+        progress = self.progress
+        training = progress.batches is not None
+        # Named by the epoch it validates, while training runs.
+        name = f"{self.name} {progress.batches.epoch}" if training else (
+            self.name)
+        epoch = progress.batches.epoch if training else progress.start.epochs
+        count = self.passes[epoch] = self.passes.get(epoch, 0) + 1
+        return iter(Batches(
+            self.dataloader, progress.rank, name, progress.start.seed,
+            limit=progress.start.max_batches, upcast=progress.upcast,
+            device=progress.device,
+            pass_id=(zlib.crc32(self.name.encode()), epoch, count)))
 
 
 def rank0_batches(item_sampler, limit):

@@ -22,7 +22,6 @@ make a resume silently inexact:
 import copy
 import os
 import time
-import zlib
 
 import torch
 import torch.distributed as dist
@@ -30,7 +29,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from torch.nn.parallel import DistributedDataParallel
 
 from . import stop as stopping
-from .batches import Batches
+from .batches import Batches, Evaluation
 from .checkpoint import (
     CHECKPOINT_FILE, check_plain, cpu_state, cpu_values, save_atomically,
     save_model,
@@ -406,31 +405,6 @@ class _AnswerStop(JoinHook):
         stop.settle()
         if stop.signum and not self.batches.finished:
             self.batches.progress.save_stop(self.batches)
-
-
-class Evaluation:
-    """A data loader whose every pass is a Batches pass (see
-    Progress.evaluation), seeded by the pass's own name: (the loader's
-    name, the epoch it validates or the end of training, which pass of
-    this loader in that epoch)."""
-
-    def __init__(self, progress, dataloader, name):
-        self.progress, self.dataloader, self.name = progress, dataloader, name
-        self.passes = {}  # epoch: passes of this loader so far
-
-    def __iter__(self):
-        progress = self.progress
-        training = progress.batches is not None
-        # Named by the epoch it validates, while training runs.
-        name = f"{self.name} {progress.batches.epoch}" if training else (
-            self.name)
-        epoch = progress.batches.epoch if training else progress.start.epochs
-        count = self.passes[epoch] = self.passes.get(epoch, 0) + 1
-        return iter(Batches(
-            self.dataloader, progress.rank, name, progress.start.seed,
-            limit=progress.start.max_batches, upcast=progress.upcast,
-            device=progress.device,
-            pass_id=(zlib.crc32(self.name.encode()), epoch, count)))
 
 
 def restore(states, checkpoint, checkpoint_dir):
