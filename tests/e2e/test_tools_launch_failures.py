@@ -162,7 +162,15 @@ def test_every_failure_ends_a_tools_launch_job_leaving_nothing(
     # close before a collective with a failed peer fails says so.
     count = (len(cause.findall(out + err)) if isinstance(cause, re.Pattern)
              else (out + err).count(cause))
-    if case in ("a graph server is killed", "a machine's network goes down"):
+    if case == "a graph server is killed":
+        # A trainer or sampler whose DGL sender thread is sending to the
+        # server as it dies is aborted by DGL itself ("send error: Broken
+        # pipe", then "terminate called ..."), before the watch can name
+        # the server: a race DGL decides (seen once in the clean-clone runs).
+        # Either way the death is said, by one of the two, at least once.
+        aborted = (out + err).count("send error: Broken pipe")
+        assert count <= 4 and count + aborted >= 1, (cause, err[-3000:])
+    elif case == "a machine's network goes down":
         assert 1 <= count <= 4, (cause, err[-3000:])
     else:
         expected = 2 if case == "a trainer fails before connecting" else 1
