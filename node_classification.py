@@ -166,7 +166,8 @@ def create_dataloader(graph, features, itemset, device, storage, is_train, args,
     # batches (each training epoch's shares are cut from one new permutation
     # of all of them: gbrun.graphbolt.share_one_permutation). For training,
     # `drop_last` and `drop_uneven_inputs` give every rank the same number of
-    # full batches; for evaluation nothing is dropped, so every item is scored exactly once (some ranks may get none).
+    # full batches; for evaluation nothing is dropped, so every item is
+    # scored exactly once (some ranks may get none).
     ############################################################################
     item_sampler = gb.DistributedItemSampler(
         item_set=itemset,

@@ -56,7 +56,6 @@ def _shards(rank):
             [sorted(sum((batch[key].tolist() for batch in batches
                          for key in batch), [])) for batches in passes]
             for passes in [shared_out(by_type, 9)]],
-
         "plain": batches(small, 2),
         "drop_last": batches(small, 2, drop_last=True),
         "drop_both": batches(small, 2, drop_last=True, drop_uneven_inputs=True),
