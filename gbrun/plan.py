@@ -190,8 +190,10 @@ def plan_run(args, gpus, num_workers, env=os.environ, machine=None,
     if train_device == "cpu" and local_world_size > num_cores:
         notices.append(
             f"{local_world_size} CPU processes on {num_cores} cores: they "
-            "take turns on the cores, one thread each, so each epoch takes "
-            f"longer than with {num_cores} processes.")
+            "take turns on the cores, one thread each, and each step trains "
+            f"{local_world_size} x --batch-size seeds (the batch size is per "
+            "process), so an epoch has fewer steps than with "
+            f"{num_cores} processes.")
     # Upstream's cpu_count // 2 // world_size is 0 on small machines.
     threads = args.threads or max(1, num_cores // local_world_size)
     rank_env = {"OMP_NUM_THREADS": str(threads)}

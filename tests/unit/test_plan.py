@@ -132,8 +132,10 @@ def test_threads_are_at_least_one(cores, ranks, threads):
     # More CPU ranks than cores: one notice saying what it costs.
     shared = [n for n in p.notices if "take turns on the cores" in n]
     assert shared == ([f"{ranks} CPU processes on {cores} cores: they take "
-                       "turns on the cores, one thread each, so each epoch "
-                       f"takes longer than with {cores} processes."]
+                       "turns on the cores, one thread each, and each step "
+                       f"trains {ranks} x --batch-size seeds (the batch size "
+                       "is per process), so an epoch has fewer steps than "
+                       f"with {cores} processes."]
                       if ranks > cores else [])
 
 
