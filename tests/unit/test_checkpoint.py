@@ -58,7 +58,8 @@ def test_a_symlink_planted_beside_the_checkpoint_is_not_followed(tmp_path):
     victim.write_text("precious")
     path = tmp_path / checkpoint.CHECKPOINT_FILE
     for name in ("checkpoint.pt.tmp", ".checkpoint.pt.tmp",
-                 f"checkpoint.pt.{os.getpid()}"):
+                 f"checkpoint.pt.{os.getpid()}",
+                 f"checkpoint.pt.tmp{os.getpid()}"):  # the name of old
         os.symlink(victim, tmp_path / name)
     checkpoint.save_atomically({"epoch": 1}, str(path))
     assert victim.read_text() == "precious"
