@@ -60,6 +60,22 @@ def private_dir(path):
     return path
 
 
+def passed_over(env=os.environ):
+    """Why cache_dir uses a later candidate root than the first: the
+    CacheError's line of each preferred root it refuses, in order (none
+    where the first serves). A user told where gbrun put something (a
+    preprocessed dataset, in /tmp say) is then told why not in the root
+    they set up."""
+    reasons = []
+    for root in roots(env)[:-1]:
+        try:
+            private_dir(root)
+            return reasons
+        except CacheError as error:
+            reasons.append(str(error))
+    return reasons
+
+
 def cache_dir(*parts, env=os.environ):
     """The first usable cache root's subdirectory `parts` (each level
     created 0700 and checked), or CacheError naming why the last candidate

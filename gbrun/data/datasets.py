@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from ..cache import CacheError
+from ..cache import CacheError, passed_over
 from ..cli import UsageError
 from ..graphbolt import gb
 from . import fingerprint, staging
@@ -60,6 +60,9 @@ def load_dataset(name_or_dir, data_root="datasets"):
             print(f"Preprocessed dataset '{name_or_dir}' into {path} (once "
                   "for these bytes; the dataset itself is only read).",
                   flush=True)
+            for reason in passed_over():
+                print(f"The preferred cache was passed over: {reason}.",
+                      flush=True)
         dataset = staging.open_graphbolt(path).load()
     elif name_or_dir in BUILTIN_DATASETS:
         try:

@@ -228,6 +228,31 @@ def test_a_cache_that_is_not_this_users_alone_is_refused(
     assert not os.path.exists(tmp_path / "real" / "datasets")
 
 
+def test_a_refused_preferred_root_is_passed_over_and_the_user_told_why(
+        tmp_path, monkeypatch, capsys):
+    # ~/.cache/gbrun (here $XDG_CACHE_HOME/gbrun) writable by others: not
+    # used, and the dataset goes to $TMPDIR/gbrun-<uid>, which the line
+    # that says where also says why.
+    xdg = tmp_path / "xdg"
+    (xdg / "gbrun").mkdir(parents=True)
+    os.chmod(xdg / "gbrun", 0o777)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.delenv("GBRUN_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    dataset = write_dataset(tmp_path / "x")
+    gbrun.data.datasets.load_dataset(str(dataset))
+    said = capsys.readouterr().out.splitlines()
+    fallback = tmp_path / "tmp" / f"gbrun-{os.getuid()}" / "datasets"
+    assert [line for line in said if line.startswith("Preprocessed")][
+        0].startswith(f"Preprocessed dataset '{dataset}' into {fallback}/")
+    assert (f"The preferred cache was passed over: cache directory "
+            f"{xdg / 'gbrun'} is writable by others (mode 0777).") in said
+    assert os.listdir(xdg / "gbrun") == []
+    os.chmod(xdg / "gbrun", 0o700)  # once fixed: the first root serves
+    assert gbrun.cache.passed_over() == []
+
+
 def test_a_relative_cache_is_refused(monkeypatch):
     with pytest.raises(gbrun.cache.CacheError, match="not an absolute path"):
         gbrun.cache.cache_dir(env={"GBRUN_CACHE": "relative/cache"})
