@@ -60,35 +60,40 @@ def private_dir(path):
     return path
 
 
-def passed_over(env=os.environ):
-    """Why cache_dir uses a later candidate root than the first: the
-    CacheError's line of each preferred root it refuses, in order (none
-    where the first serves). A user told where gbrun put something (a
-    preprocessed dataset, in /tmp say) is then told why not in the root
-    they set up."""
-    reasons = []
-    for root in roots(env)[:-1]:
-        try:
-            private_dir(root)
-            return reasons
-        except CacheError as error:
-            reasons.append(str(error))
-    return reasons
+def usable(root, parts):
+    """`root`'s subdirectory `parts` (each level created 0700 and checked),
+    writable, or CacheError naming why not."""
+    path = private_dir(root)
+    for part in parts:
+        path = private_dir(os.path.join(path, part))
+    if not os.access(path, os.W_OK):
+        raise CacheError(f"cache directory {path} is not writable")
+    return path
 
 
 def cache_dir(*parts, env=os.environ):
-    """The first usable cache root's subdirectory `parts` (each level
-    created 0700 and checked), or CacheError naming why the last candidate
-    was refused."""
+    """The first usable cache root's subdirectory `parts`, or CacheError
+    naming why the last candidate was refused."""
     problem = None
     for root in roots(env):
         try:
-            path = private_dir(root)
-            for part in parts:
-                path = private_dir(os.path.join(path, part))
-            if os.access(path, os.W_OK):
-                return path
-            problem = CacheError(f"cache directory {path} is not writable")
+            return usable(root, parts)
         except CacheError as error:
             problem = error
     raise problem
+
+
+def passed_over(*parts, env=os.environ):
+    """Why cache_dir(*parts) uses a later candidate root than the first:
+    the CacheError's line of each root it refuses before the one it uses
+    (none where the first serves). A user told where gbrun put something
+    (a preprocessed dataset, in /tmp say) is then told why not in the root
+    they set up."""
+    reasons = []
+    for root in roots(env):
+        try:
+            usable(root, parts)
+            break
+        except CacheError as error:
+            reasons.append(str(error))
+    return reasons

@@ -60,7 +60,7 @@ def load_dataset(name_or_dir, data_root="datasets"):
             print(f"Preprocessed dataset '{name_or_dir}' into {path} (once "
                   "for these bytes; the dataset itself is only read).",
                   flush=True)
-            for reason in passed_over():
+            for reason in passed_over("datasets"):
                 print(f"The preferred cache was passed over: {reason}.",
                       flush=True)
         dataset = staging.open_graphbolt(path).load()

@@ -250,7 +250,11 @@ def test_a_refused_preferred_root_is_passed_over_and_the_user_told_why(
             f"{xdg / 'gbrun'} is writable by others (mode 0777).") in said
     assert os.listdir(xdg / "gbrun") == []
     os.chmod(xdg / "gbrun", 0o700)  # once fixed: the first root serves
-    assert gbrun.cache.passed_over() == []
+    assert gbrun.cache.passed_over("datasets") == []
+    # A refused level below the root is passed over as cache_dir does.
+    os.symlink(tmp_path / "tmp", xdg / "gbrun" / "digests")
+    assert gbrun.cache.passed_over("digests") == [
+        f"cache directory {xdg / 'gbrun' / 'digests'} is a symlink"]
 
 
 def test_a_relative_cache_is_refused(monkeypatch):
