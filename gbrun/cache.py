@@ -7,7 +7,9 @@ symlink, and writable by nobody else (mode 0700 where gbrun creates it).
 
 The root is $GBRUN_CACHE, else $XDG_CACHE_HOME/gbrun, else ~/.cache/gbrun,
 else (none of them usable) $TMPDIR/gbrun-<uid>; a relative path is refused
-(HOME unset made '~' a directory named '~' under the working directory)."""
+(HOME unset made '~' a directory named '~' under the working directory).
+Where a preferred root is passed over, passed_over says why, for the line
+that tells the user where a dataset was preprocessed."""
 import os
 import stat
 import tempfile
