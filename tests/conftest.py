@@ -20,8 +20,8 @@ pytest_plugins = ["process_hygiene"]
 @pytest.fixture(scope="session", autouse=True)
 def gbrun_cache(tmp_path_factory):
     """One gbrun cache (preprocessed datasets, the dropout kernel) for the
-    session and every process it starts, never the user's: each session
-    starts from none, as a clean clone's CI does."""
+    session (each xdist worker's) and every process it starts, never the
+    user's: each session starts from none, as a clean clone's CI does."""
     path = tmp_path_factory.mktemp("gbrun-cache")
     os.environ["GBRUN_CACHE"] = str(path)
     yield path

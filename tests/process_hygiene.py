@@ -2,8 +2,9 @@
 pytest_plugins): every test has a deadline (TEST_DEADLINE_S) that kills
 every process the test started, ranks and grandchildren included, and fails
 it; after every test no process it started may be left
-(no_process_outlives_its_test). pytest is made a child subreaper, so that
-orphaned grandchildren stay visible among its descendants."""
+(no_process_outlives_its_test). pytest (each xdist worker, which runs
+whole test files) is made a child subreaper, so that orphaned
+grandchildren stay visible among its descendants."""
 import ctypes
 import multiprocessing.resource_tracker
 import signal
