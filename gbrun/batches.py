@@ -67,6 +67,13 @@ class Batches:
             return derived_seed(self.seed, self.rank, self.epoch)
         return derived_seed(self.seed, self.rank, *self.pass_id)
 
+    def shared_seed(self):
+        """The seed of a training epoch that every rank draws alike (the
+        one permutation they share out): from (seed, epoch), or from the
+        epoch alone in an unseeded run."""
+        return derived_seed(*(() if self.seed is None else (self.seed,)),
+                            self.epoch)
+
     def source(self):
         """(this pass's batches from batch `step` on, at most `limit` in
         all; rank 0's number of them, for the progress bar). Under a seed,
@@ -76,19 +83,16 @@ class Batches:
         item_sampler = item_sampler_of(self.dataloader)
         if self.epoch is not None:
             # The ranks share out one permutation of the whole train set,
-            # new every epoch: from (seed, epoch), alike on every rank (an
-            # unseeded run's from the epoch alone; its shuffling inside a
-            # share and its sampling stay unseeded).
-            share_one_permutation(item_sampler, derived_seed(
-                *(() if self.seed is None else (self.seed,)), self.epoch))
+            # new every epoch (an unseeded run's shuffling inside a share
+            # and its sampling stay unseeded).
+            share_one_permutation(item_sampler, self.shared_seed())
         seed = self.pass_seed()
         if seed is not None:
             # Shuffling, neighbor sampling and anything else random.
             seed_all(seed)
             if self.epoch is not None:
                 # GraphBolt's item sampler takes no seed for an epoch.
-                seed_item_sampler(item_sampler, self.seed, self.rank,
-                                  self.epoch, derived_seed)
+                seed_item_sampler(item_sampler, seed, self.shared_seed())
         batches = self.dataloader if seed is None else sample_serially(
             self.dataloader)
         batches = itertools.islice(batches, self.step, self.limit)

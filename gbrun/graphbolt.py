@@ -54,20 +54,21 @@ import numpy as np  # noqa: E402 (once GraphBolt, and so torch, loaded)
 import torch  # noqa: E402
 
 
-def seed_item_sampler(item_sampler, seed, rank, epoch, derive):
+def seed_item_sampler(item_sampler, own_seed, shared_seed):
     """Makes one epoch's shuffling of `item_sampler` follow the run's seed,
-    where GraphBolt takes none per epoch (`derive(*entropy)` -> an int):
+    where GraphBolt takes none per epoch (gbrun.batches.Batches gives this
+    rank's seed of the epoch and the one every rank shares):
     - dgl 2.1-2.2 (read in item_sampler.py at v2.1.0 and v2.2.1): each rank
       shuffles its own share with the sampler's `_rng`, an unseeded
-      np.random.Generator: replaced by one seeded from (seed, rank, epoch);
+      np.random.Generator: replaced by one seeded from `own_seed`;
     - dgl 2.3-2.4 (v2.3.0, v2.4.0): one permutation of all items from
       torch.Generator().manual_seed(_seed + _epoch), which every rank must
-      draw alike: `_seed` from (seed, epoch), `_epoch` 0.
+      draw alike: `_seed` from `shared_seed`, `_epoch` 0.
     Raises where a release has neither (it must be read again)."""
     if hasattr(item_sampler, "_rng"):
-        item_sampler._rng = np.random.default_rng(derive(seed, rank, epoch))
+        item_sampler._rng = np.random.default_rng(own_seed)
     elif hasattr(item_sampler, "_seed") and hasattr(item_sampler, "_epoch"):
-        item_sampler._seed = derive(seed, epoch) % (2**31 - 1)
+        item_sampler._seed = shared_seed % (2**31 - 1)
         item_sampler._epoch = 0
     else:
         raise AttributeError(

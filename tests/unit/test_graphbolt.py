@@ -33,7 +33,8 @@ def test_a_seeded_epoch_shuffles_alike_and_another_epoch_not():
         sampler = gb.ItemSampler(gb.ItemSet(torch.arange(50),
                                             names="seed_nodes"),
                                  batch_size=8, shuffle=True)
-        seed_item_sampler(sampler, 7, rank, epoch, derived_seed)
+        seed_item_sampler(sampler, derived_seed(7, rank, epoch),
+                          derived_seed(7, epoch))
         return order(sampler)
 
     assert shuffled(0) == shuffled(0) != shuffled(1)
@@ -43,18 +44,19 @@ def test_a_seeded_epoch_shuffles_alike_and_another_epoch_not():
 def test_a_release_without_the_attributes_is_refused_by_name():
     with pytest.raises(AttributeError, match="neither _rng .dgl 2.1-2.2. "
                        "nor _seed and _epoch"):
-        seed_item_sampler(types.SimpleNamespace(), 7, 0, 0, derived_seed)
+        seed_item_sampler(types.SimpleNamespace(), 1, 2)
 
 
 def test_the_releases_shapes_are_told_apart():
     # dgl 2.3-2.4's shape: one permutation from _seed + _epoch, alike on
     # every rank (the rank is not part of the seed there).
     later = types.SimpleNamespace(_seed=1, _epoch=5)
-    seed_item_sampler(later, 7, 3, 2, derived_seed)
+    seed_item_sampler(later, derived_seed(7, 3, 2), derived_seed(7, 2))
     other_rank = types.SimpleNamespace(_seed=1, _epoch=5)
-    seed_item_sampler(other_rank, 7, 0, 2, derived_seed)
+    seed_item_sampler(other_rank, derived_seed(7, 0, 2),
+                      derived_seed(7, 2))
     assert later._epoch == 0 and later._seed == other_rank._seed
     assert 0 <= later._seed < 2**31 - 1
     earlier = types.SimpleNamespace(_rng=None)
-    seed_item_sampler(earlier, 7, 3, 2, derived_seed)
+    seed_item_sampler(earlier, derived_seed(7, 3, 2), derived_seed(7, 2))
     assert isinstance(earlier._rng, np.random.Generator)
