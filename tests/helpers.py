@@ -365,6 +365,11 @@ TRAIN_ARGS = ["--batch-size", "128", "--fanout", "5,5,5", "--lr", "0.003",
 
 
 JOB_TIMEOUT_S = 120
+# A distributed trainer's --connect-timeout and --progress-timeout in tests
+# that set them: short, but above what the slowest healthy trainer of a
+# loaded machine lags behind the others (tests run two files at a time on
+# 2 cores; 5 s was passed there once).
+TRAINER_BOUND_S = 15
 
 
 def run_script(script, args, timeout=120):
@@ -421,7 +426,10 @@ class Watch:
         self.tmp_entries = set()
         self.host_netns = os.stat("/proc/self/ns/net").st_ino
         self.launcher = psutil.Process(proc.pid)
-        self.launcher_cmdline = self.launcher.cmdline()
+        # What a fork of the launcher shows until it execs: the command it
+        # was started with. (Not read from /proc: right after Popen returns,
+        # the launcher's exec may still be filling it in, and it reads empty.)
+        self.launcher_cmdline = [str(arg) for arg in proc.args]
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
         self.thread.start()

@@ -31,7 +31,7 @@ import torch
 
 from helpers import (
     DISTRIBUTED, JOB_TIMEOUT_S, LAUNCHER, NUM_CLASSES, REPO, SCRIPT,
-    TRAIN_ARGS, edited_copy, missing_prerequisite, partition, run_script,
+    TRAIN_ARGS, TRAINER_BOUND_S, edited_copy, missing_prerequisite, partition, run_script,
     start_launcher, wait_for_output,
 )
 from helpers import finish_launcher as finish
@@ -560,7 +560,7 @@ def options_run(random_partitions, tmp_path_factory):
     """The example as it is on random partitions, 2 machines with 2 graph
     servers each, one sampler process per trainer and GraphBolt sampling
     on the servers, started as DGL's tools/launch.py starts them, machine
-    1's servers 8 s late; side by side, node_classification.py on the
+    1's servers 20 s late; side by side, node_classification.py on the
     same data and arguments (most of either run is start-up)."""
     if missing_prerequisite() is not None:
         return None
@@ -575,12 +575,13 @@ def options_run(random_partitions, tmp_path_factory):
             random_partitions["part_config"],
             [*TRAIN_ARGS, "--epochs", EPOCHS, "--num-workers", 1,
              "--use-graphbolt", "--predict", log_dir / "predictions.npy",
-             "--connect-timeout", 5, "--progress-timeout", 5],
+             "--connect-timeout", TRAINER_BOUND_S,
+             "--progress-timeout", TRAINER_BOUND_S],
             log_dir, launcher_args=["--servers-per-machine", 2,
                                     "--as-tools-launch"],
             # A slow but healthy start: machine 1's servers serve their
-            # partition 8 s late, past the trainers' bounds (5 s).
-            env={"TEST_DELAY_SERVERS": "2,3:8"})
+            # partition 20 s late, past the trainers' bounds.
+            env={"TEST_DELAY_SERVERS": f"2,3:{TRAINER_BOUND_S + 5}"})
         single_out, single_err = single.communicate(timeout=JOB_TIMEOUT_S)
     finally:
         single.kill()

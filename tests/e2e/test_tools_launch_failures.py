@@ -22,8 +22,8 @@ import psutil
 import pytest
 
 from helpers import (
-    DISTRIBUTED, JOB_TIMEOUT_S, TRAIN_ARGS, edited_copy, gone, marked,
-    run_script, start_launcher, wait_for_output,
+    DISTRIBUTED, JOB_TIMEOUT_S, TRAIN_ARGS, TRAINER_BOUND_S, edited_copy, gone,
+    marked, run_script, start_launcher, wait_for_output,
 )
 from helpers import SCRIPT as MAIN_SCRIPT
 from helpers import finish_launcher as finish
@@ -44,7 +44,8 @@ TOOLS_LAUNCH = ["--trainers-per-machine", 2, "--servers-per-machine", 2,
 
 
 FAILURE_ARGS = [*TRAIN_ARGS, "--epochs", 1000, "--num-workers", 1,
-                "--connect-timeout", 5, "--progress-timeout", 10,
+                "--connect-timeout", TRAINER_BOUND_S,
+                "--progress-timeout", TRAINER_BOUND_S,
                 "--batch-size", 32]
 
 
@@ -112,8 +113,8 @@ def test_every_failure_ends_a_tools_launch_job_leaving_nothing(
     elif case == "a trainer hangs":
         args += ["--hang-after-batches", 3, "--fail-rank", 3]
         # Where it hangs: in the loader, under the loop of the example.
-        cause = re.compile(r"rank 3 failed: no batch for 10 s \(--progress-"
-                           r"timeout\), at \S+loader.py:\d+ in each <- "
+        cause = re.compile(rf"rank 3 failed: no batch for {TRAINER_BOUND_S} s "
+                           r"\(--progress-timeout\), at \S+loader.py:\d+ in each <- "
                            r"\S+node_classification.py:\d+ in train")
     short = pathlib.Path(tempfile.mkdtemp(prefix="tl", dir="/tmp"))
     proc = start_launcher(partitions["part_config"], 2, args, tmp_path,
@@ -136,7 +137,7 @@ def test_every_failure_ends_a_tools_launch_job_leaving_nothing(
             subprocess.run(["nsenter", "--target", str(victim), "--net",
                             "ip", "link", "set", MACHINE_IFNAME, "down"],
                            check=True)
-            cause = re.compile(r"rank \d failed: no batch for 10 s")
+            cause = re.compile(rf"rank \d failed: no batch for {TRAINER_BOUND_S} s")
         else:
             owner = psutil.Process(victim).ppid()
             rank = psutil.Process(owner).environ().get("RANK")
