@@ -25,6 +25,14 @@ Inputs:
   --train-idx --val-idx --test-idx   .npy node id arrays (all three), or
   --split      random train,val,test fractions (default 0.6,0.2,0.2).
 
+A link-prediction task beside the node task (the pairs as --edges; the
+negatives .npy integer arrays (E, K), a row of K destinations per pair):
+  --link-valid --link-valid-negatives --link-test --link-test-negatives
+               the pairs a model is scored on and their negatives (all four);
+  --link-train the pairs it learns from (default: every edge of the graph);
+  --drop-leaked-edges  writes the graph without the validation and test
+               pairs (either way round); a graph that holds them is warned of.
+
 Several node and edge types (users and items, papers and authors) instead
 of --edges and --features:
   --node-type NAME=COUNT       a node type and its number of nodes; repeatable.
@@ -52,7 +60,7 @@ import sys
 
 import numpy as np
 
-from gbrun.data import inputs, ondisk
+from gbrun.data import inputs, links, ondisk
 from gbrun.data.labels import KINDS as LABEL_KINDS
 from gbrun.cli import ArgumentParser, int_at_least
 
@@ -215,6 +223,11 @@ def parse_args(argv=None):
     parser.add_argument("--drop-self-loops", action="store_true", help="remove src == dst edges")
     parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the random --split")
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
+    link = parser.add_argument_group("a link-prediction task")
+    for option, (_, what) in LINK_OPTIONS.items():
+        link.add_argument(option, metavar="FILE", help=what)
+    link.add_argument("--drop-leaked-edges", action="store_true",
+                      help="write the graph without the validation and test pairs")
     hetero = parser.add_argument_group("several node and edge types")
     hetero.add_argument("--node-type", action="append", default=[], type=named_count,
                         metavar="NAME=COUNT", help="a node type and its node count; repeatable")
@@ -224,6 +237,7 @@ def parse_args(argv=None):
                         metavar="TYPE=FILE", help="one node type's feature \"feat\"; repeatable")
     hetero.add_argument("--target", help="the node type of --labels and the splits")
     args = parser.parse_args(argv)
+    check_link_args(parser, args)
     if args.node_type:
         check_hetero_args(parser, args)
     else:
@@ -244,6 +258,52 @@ def parse_args(argv=None):
     if len(set(names)) != len(names):
         parser.error(f"--feature: the name {max(names, key=names.count)!r} is given twice")
     return args
+
+
+# The link task's options: the input each reads (as messages name it) and
+# its help.
+LINK_OPTIONS = {
+    "--link-train": ("link train", "train pairs (as --edges; default: every edge of the graph)"),
+    "--link-valid": ("link validation", "validation pairs (as --edges)"),
+    "--link-valid-negatives": ("link validation negatives", "validation negatives .npy, int (E, K)"),
+    "--link-test": ("link test", "test pairs (as --edges)"),
+    "--link-test-negatives": ("link test negatives", "test negatives .npy, int (E, K)"),
+}
+
+
+def link_dest(option):
+    return option[2:].replace("-", "_")
+
+
+def check_link_args(parser, args):
+    """All four evaluation inputs of a link task, or none of its options."""
+    given = [option for option in LINK_OPTIONS if getattr(args, link_dest(option))]
+    if args.drop_leaked_edges:
+        given.append("--drop-leaked-edges")
+    if not given:
+        return
+    if args.node_type:
+        parser.error(f"{given[0]} is for a graph of one node type, not --node-type")
+    missing = [option for option in list(LINK_OPTIONS)[1:] if not getattr(args, link_dest(option))]
+    if missing:
+        parser.error(f"{given[0]} needs {', '.join(missing)} (a link task's four evaluation inputs)")
+
+
+def load_link_task(args, edges, num_nodes, names):
+    """(the graph's edges, a links.LinkTask, or None without the options);
+    with --drop-leaked-edges the graph loses the evaluation pairs."""
+    if not args.link_valid:
+        return edges, None
+    valid, test = load_edges(args.link_valid), load_edges(args.link_test)
+    if args.drop_leaked_edges:
+        # Taking pairs out needs valid ids; the writer checks everything again.
+        for split, pairs in (("validation", valid), ("test", test)):
+            inputs.check_edges(pairs, num_nodes, {"edges": names[f"link {split}"],
+                                                  "features": names["features"]})
+        edges = links.without_pairs(edges, np.concatenate([valid, test], axis=1), num_nodes)
+    train = load_edges(args.link_train) if args.link_train else edges
+    return edges, links.LinkTask(train, valid, load_npy(args.link_valid_negatives),
+                                 test, load_npy(args.link_test_negatives))
 
 
 def named_count(text):
@@ -304,6 +364,7 @@ def input_paths(args):
     """Every file this command reads, which --force must not delete."""
     given = [args.edges, args.features, args.labels, args.train_idx,
              args.val_idx, args.test_idx]
+    given += [getattr(args, link_dest(option)) for option in LINK_OPTIONS]
     given += [path for _, path in args.feature + args.edge_type
               + args.type_features]
     return [path for path in given if path]
@@ -315,6 +376,11 @@ def convert(args):
         return convert_hetero(args)
     names = {"edges": args.edges, "features": args.features, "labels": args.labels}
     names.update({f"feature {name}": path for name, path in args.feature})
+    names.update({key: getattr(args, link_dest(option))
+                  for option, (key, _) in LINK_OPTIONS.items()})
+    if not args.link_train:
+        names["link train"] = (f"the graph's edges, the train pairs ({args.edges}; "
+                               "--drop-leaked-edges takes the evaluation pairs out)")
     if args.split is None:
         names.update(train=args.train_idx, validation=args.val_idx, test=args.test_idx)
     else:
@@ -333,6 +399,8 @@ def convert(args):
             edges = inputs.drop_self_loops(edges)
         if args.add_reverse_edges:
             edges = inputs.add_reverse_edges(edges)
+    edges, link_task = load_link_task(args, edges, features.shape[0] if features.ndim else 0,
+                                      names)
     train, val, test = load_splits(args, features.shape[0] if features.ndim else 0)
     return ondisk.write_ondisk_dataset(
         args.out_dir, edges, features, labels, train, val, test,
@@ -340,6 +408,7 @@ def convert(args):
         extra_features=extra_features, kind=args.label_kind,
         inputs=input_paths(args), edges_as_given=(args.drop_self_loops,
                                                   args.add_reverse_edges),
+        link_task=link_task,
     )
 
 
@@ -367,6 +436,10 @@ def main(argv=None):
         f"wrote {args.out_dir}: {summary['num_nodes']} nodes, {summary['num_edges']} edges, "
         f"{summary['feat_dim']} features{extra}, {summary['num_classes']} {classes}, {splits}"
     )
+    if summary["link_sizes"]:
+        pairs = summary["link_sizes"]
+        print(f"link task: train/val/test {pairs['train']}/{pairs['validation']}/"
+              f"{pairs['test']} pairs")
     print(f"train with: python node_classification.py --dataset {args.out_dir}")
     return 0
 

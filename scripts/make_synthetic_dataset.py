@@ -21,6 +21,12 @@ With --hetero: users (labelled) buy items (edge types user:buys:item and
 item:bought-by:user), mostly of their own class; a user's own features are
 weak (noise 2.0, not 0.5) and the items' clear, so a relational model must
 read the items it bought to do well.
+With --link-negatives K: a link-prediction task beside the node task (for
+link_prediction.py): 5% of the edges are validation and 5% test pairs,
+taken out of the graph (a model must not sample the edges it is scored
+on), each with K uniform random negative destinations; the graph's other
+edges are the train pairs. As 80% of edges join two nodes of one class,
+and features carry the class, a model learns which pairs are edges.
 The same arguments always produce the same bytes.
 """
 
@@ -28,7 +34,7 @@ import sys
 
 import numpy as np
 
-from gbrun.data import inputs, ondisk
+from gbrun.data import inputs, links, ondisk
 from gbrun.cli import ArgumentParser, int_at_least, positive_float
 
 # Fraction of edges whose two ends share a class.
@@ -103,6 +109,25 @@ def make_dataset(
     return inputs.drop_self_loops(np.stack([src, dst])), features, labels
 
 
+# --link-negatives: the fractions of edges that are train (they stay the
+# graph), validation and test pairs.
+LINK_SPLIT = (0.9, 0.05, 0.05)
+
+
+def make_link_task(rng, edges, num_nodes, num_negatives):
+    """(the graph's edges, a links.LinkTask): validation and test pairs
+    drawn from `edges` and taken out of the graph, every copy either way
+    round; the graph's edges are the train pairs; `num_negatives` uniform
+    random destinations per evaluation pair."""
+    order = rng.permutation(edges.shape[1])
+    cuts = np.cumsum([int(edges.shape[1] * f) for f in LINK_SPLIT[1:]])
+    valid, test = (edges[:, np.sort(part)] for part in np.split(order[:cuts[-1]], cuts[:1]))
+    graph = links.without_pairs(edges, np.concatenate([valid, test], axis=1), num_nodes)
+    negatives = [rng.integers(0, num_nodes, (pairs.shape[1], num_negatives), dtype=np.int64)
+                 for pairs in (valid, test)]
+    return graph, links.LinkTask(graph, valid, negatives[0], test, negatives[1])
+
+
 # --hetero: users (the target, with labels) and half as many items. A
 # user's own features are weaker than on the homogeneous graph (its
 # bought items carry the signal), so a model must read the items.
@@ -164,7 +189,12 @@ def parse_args(argv=None):
     parser.add_argument("--hetero", action="store_true",
                         help="two node types: --num-nodes users (labelled) and half as many items, "
                         "edge types user:buys:item and its reverse item:bought-by:user")
+    parser.add_argument("--link-negatives", type=int_at_least(1), metavar="K",
+                        help="also write a link-prediction task: 5%% of the edges are validation "
+                        "and 5%% test pairs (out of the graph), each with K random negatives")
     args = parser.parse_args(argv)
+    if args.hetero and args.link_negatives:
+        parser.error("--link-negatives is for a graph of one node type, not --hetero")
     if int(args.num_nodes * args.split[0]) < 1:
         parser.error(f"--split: the train set of {args.num_nodes} nodes would be empty")
     return parser, args
@@ -179,10 +209,15 @@ def main(argv=None):
     )
     # The split seed differs from the generator seed only to keep streams apart.
     train, val, test = inputs.split_nodes(args.num_nodes, args.split, seed=args.seed + 1)
+    link_task = None
+    if args.link_negatives:
+        edges, link_task = make_link_task(np.random.default_rng(args.seed + 2), edges,
+                                          args.num_nodes, args.link_negatives)
     try:
         summary = ondisk.write_ondisk_dataset(
             args.out_dir, edges, features, labels, train, val, test,
             num_classes=args.num_classes, name="synthetic", force=args.force,
+            link_task=link_task,
         )
     except inputs.DatasetError as err:
         # Bad data, not bad usage: one line and exit 2, as convert_to_ondisk.py.
@@ -194,6 +229,10 @@ def main(argv=None):
         f"{summary['feat_dim']} features, {summary['num_classes']} classes, "
         f"train/val/test {sizes['train']}/{sizes['validation']}/{sizes['test']}"
     )
+    if link_task is not None:
+        pairs = summary["link_sizes"]
+        print(f"link task: train/val/test {pairs['train']}/{pairs['validation']}/"
+              f"{pairs['test']} pairs, {args.link_negatives} negatives per evaluation pair")
 
 
 if __name__ == "__main__":

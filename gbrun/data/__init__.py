@@ -7,6 +7,8 @@ one place so that they agree.
               check of an array of labels, for both sides
     inputs    the dataset writer's input checks and transforms (random
               splits, self-loops, reverse edges)
+    links     a link-prediction task beside the node task: its checks, the
+              evaluation pairs a graph leaks, its entry and files
     ondisk    the OnDiskDataset writer scripts/convert_to_ondisk.py and
               scripts/make_synthetic_dataset.py share
     metadata  a dataset's metadata.yaml read as data: the files it names,
@@ -14,5 +16,5 @@ one place so that they agree.
     fingerprint  a dataset identified by content (cached SHA-256 per file)
     staging   GraphBolt's preprocessing of a dataset, once per content, in
               the cache, never in the dataset
-Importing gbrun.data.inputs, labels or ondisk loads no torch.
+Importing gbrun.data.inputs, labels, links or ondisk loads no torch.
 """

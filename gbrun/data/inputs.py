@@ -2,9 +2,9 @@
 of what a user hands the converter, before anything touches the disk, each
 failing with one line (DatasetError) that names the input, the problem and
 an example bad value; the labels as gbrun.data.labels checks them for the
-example too. Also the transforms the converter offers: random splits,
-self-loops dropped, reverse edges added. Only vectorised numpy is used, so
-2M nodes / 20M edges check in seconds."""
+example too (a link task's in gbrun.data.links). Also the transforms the
+converter offers: random splits, self-loops dropped, reverse edges added.
+Only vectorised numpy is used, so 2M nodes / 20M edges check in seconds."""
 import argparse
 
 import numpy as np
@@ -106,7 +106,7 @@ def _first(mask):
     return int(np.flatnonzero(mask)[0])
 
 
-def _check_id_range(ids, num_nodes, where, what, nodes_from):
+def check_id_range(ids, num_nodes, where, what, nodes_from):
     """Raise if any id is outside [0, num_nodes); `what` names one position."""
     if ids.size == 0:
         return
@@ -131,7 +131,7 @@ def check_edges(edges, num_nodes, names):
     if edges.shape[1] == 0:
         raise DatasetError(f"{where}: no edges")
     for row in edges:
-        _check_id_range(row, num_nodes, where, "edge", names["features"])
+        check_id_range(row, num_nodes, where, "edge", names["features"])
 
 
 def check_features(features, names):
@@ -213,7 +213,7 @@ def check_splits(splits, num_nodes, names):
                 f"{where}: the {split} set is empty, and the example "
                 f"{'validates' if split == 'validation' else 'tests'} on it "
                 "(give it nodes, e.g. --split 0.6,0.2,0.2)")
-        _check_id_range(ids, num_nodes, where, "position", names["features"])
+        check_id_range(ids, num_nodes, where, "position", names["features"])
         ids = ids.astype(np.int64, copy=False)  # bincount refuses uint64
         counts = np.bincount(ids, minlength=num_nodes)
         if counts.max(initial=0) > 1:
@@ -340,7 +340,7 @@ def check_types(num_nodes, edges, features, target):
         if not np.issubdtype(pairs.dtype, np.integer):
             raise DatasetError(f"{where}: expected integer node ids, got dtype {pairs.dtype}")
         for row, ntype in zip(pairs, (parts[0], parts[2])):
-            _check_id_range(row, num_nodes[ntype], where, "edge", f"node type {ntype}")
+            check_id_range(row, num_nodes[ntype], where, "edge", f"node type {ntype}")
     for ntype, rows in features.items():
         if ntype not in num_nodes:
             raise DatasetError(f"features of node type {ntype!r}: not one of the node types: {known}")

@@ -20,6 +20,8 @@ multi-hot labels and values float32):
     out_dir/node_label.npy            shape (N,), multi-hot (N, C) or
                                       values (N, D): node feature "label"
     out_dir/{train,valid,test}_seed_nodes.npy and _labels.npy
+    out_dir/{train,valid,test}_node_pairs.npy   with a link task (E, 2)
+    out_dir/{valid,test}_negative_dsts.npy      and (E, K) (gbrun.data.links)
 
 Load it with `gb.OnDiskDataset(out_dir).load()`. GraphBolt then adds a
 `preprocessed/` folder inside out_dir on first load; that is expected.
@@ -37,6 +39,7 @@ import sys
 import numpy as np
 import yaml
 
+from . import links
 from .inputs import (
     BLOCK_ELEMENTS, DatasetError, check_labels, check_splits, check_types,
     display_names, edge_warnings, find_warnings, label_kind, validate_inputs,
@@ -129,8 +132,10 @@ def _metadata(name, num_nodes, num_classes, has_splits, extra_names=()):
 
 
 def _write_files(directory, edges, features, labels, splits, metadata,
-                 extra_features, kind):
+                 extra_features, kind, link_task=None):
     """Write every file of the dataset into an existing empty directory."""
+    for name, array in (links.files(link_task) if link_task else {}).items():
+        save_npy(os.path.join(directory, name), array, np.int64)
     save_npy(os.path.join(directory, EDGES_FILE), edges, np.int64)
     save_npy(os.path.join(directory, FEAT_FILE), features, np.float32)
     save_npy(os.path.join(directory, LABEL_FILE), labels, label_dtype(labels, kind))
@@ -152,7 +157,7 @@ def _write_files(directory, edges, features, labels, splits, metadata,
 # such a directory, and nothing else.
 WRITTEN = re.compile(
     r"^(metadata\.yaml|edges(_\d+)?\.npy|node_feat(_\d+)?\.npy|node_label\.npy"
-    r"|(train|valid|test)_(seed_nodes|labels)\.npy|preprocessed)$")
+    r"|(train|valid|test)_(seed_nodes|labels)\.npy|" + links.FILES + "|preprocessed)$")
 
 
 def check_out_dir(out_dir, force, inputs=()):
@@ -253,6 +258,7 @@ def write_ondisk_dataset(
     kind=None,
     inputs=(),
     edges_as_given=None,
+    link_task=None,
 ):
     """Validate the arrays and write them as a GraphBolt OnDiskDataset.
 
@@ -273,6 +279,9 @@ def write_ondisk_dataset(
     edges_as_given: for edges a user gave, (self-loops dropped, edges
         deduplicated): warn of self-loops and repeated edges the options
         would remove (inputs.edge_warnings); None: no such warnings.
+    link_task: a gbrun.data.links.LinkTask, written as a second task
+        ("link_prediction"); a warning where the graph holds its
+        validation or test pairs.
     Returns a summary dict. Raises DatasetError; never leaves out_dir half
     written, and never touches the disk when validation fails.
     """
@@ -287,17 +296,23 @@ def write_ondisk_dataset(
     if kind == "value":
         labels = labels.reshape(labels.shape[0], -1)
     num_nodes = features.shape[0]
+    if link_task is not None:
+        links.check(link_task, num_nodes, names)
     warnings = find_warnings(edges, labels, train_idx, num_nodes, num_classes, kind)
     if edges_as_given is not None:
         warnings += edge_warnings(edges, *edges_as_given)
+    if link_task is not None:
+        warnings += filter(None, [links.leak_warning(link_task, edges, num_nodes)])
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     name = name or os.path.basename(os.path.abspath(out_dir))
     metadata = _metadata(name, num_nodes, num_classes, splits, list(extra_features))
+    if link_task is not None:
+        metadata["tasks"].append(links.metadata(link_task))
     _write_atomically(
         out_dir, force,
         lambda tmp: _write_files(tmp, edges, features, labels, splits, metadata,
-                                 extra_features, kind), inputs=inputs,
+                                 extra_features, kind, link_task), inputs=inputs,
     )
     return {
         "out_dir": out_dir,
@@ -309,6 +324,7 @@ def write_ondisk_dataset(
         "label_kind": kind,
         "extra_features": {k: int(v.shape[1]) for k, v in extra_features.items()},
         "split_sizes": {split: int(len(ids)) for split, ids in splits.items()},
+        "link_sizes": None if link_task is None else links.sizes(link_task),
         "warnings": warnings,
     }
 
