@@ -75,9 +75,10 @@ def check(task, num_nodes, names=None):
         check_edges(pairs, num_nodes, {"edges": names[f"link {split}"],
                                        "features": names["features"]})
     widths = {}
-    for split, (_, _, field) in list(SETS.items())[1:]:
+    for split in ("validation", "test"):
         where = names[f"link {split} negatives"]
-        negatives, pairs = np.asanyarray(getattr(task, field)), sets[split].shape[1]
+        negatives = np.asanyarray(getattr(task, SETS[split][2]))
+        pairs = sets[split].shape[1]
         if negatives.ndim != 2 or negatives.shape[0] != pairs or negatives.shape[1] == 0:
             raise DatasetError(
                 f"{where}: expected shape ({pairs}, K), a row of K > 0 negative destinations "
