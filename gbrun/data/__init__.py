@@ -7,8 +7,8 @@ one place so that they agree.
               check of an array of labels, for both sides
     inputs    the dataset writer's input checks and transforms (random
               splits, self-loops, reverse edges)
-    links     a link-prediction task beside the node task: its checks, the
-              evaluation pairs a graph leaks, its entry and files
+    links     a link-prediction task beside the node task: its checks and
+              the evaluation pairs a graph leaks (ondisk writes it)
     ondisk    the OnDiskDataset writer scripts/convert_to_ondisk.py and
               scripts/make_synthetic_dataset.py share
     metadata  a dataset's metadata.yaml read as data: the files it names,

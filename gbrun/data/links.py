@@ -1,14 +1,9 @@
 """A link-prediction task beside a graph's node task: the node pairs a
 model learns from and those it is scored on, each against its own negative
-destinations; checked (check, one line naming the input, as
-gbrun.data.inputs does), the evaluation pairs a graph holds found
-(leak_warning) or taken out of it (without_pairs), and the task's
-metadata.yaml entry and files, which gbrun.data.ondisk writes.
-
-Files (int64): {train,valid,test}_node_pairs.npy (E, 2) and
-{valid,test}_negative_dsts.npy (E, K), named by the items dgl 2.1's
-MiniBatch takes ("node_pairs", "negative_dsts"; 2.2-2.4 turn them into
-seeds, labels and indexes)."""
+destinations (LinkTask); checked (check, one line naming the input, as
+gbrun.data.inputs does), and the evaluation pairs a graph holds found
+(leak_warning) or taken out of it (without_pairs). gbrun.data.ondisk
+writes it."""
 import dataclasses
 
 import numpy as np
@@ -16,17 +11,15 @@ import numpy as np
 from .inputs import DatasetError, check_edges, check_id_range
 
 TASK_NAME = "link_prediction"
-# Each set: (file prefix, its LinkTask field, its negatives' field).
-SETS = {"train": ("train", "train", None),
-        "validation": ("valid", "valid", "valid_negatives"),
-        "test": ("test", "test", "test_negatives")}
+# Each set: (its LinkTask field, its negatives' field).
+SETS = {"train": ("train", None),
+        "validation": ("valid", "valid_negatives"),
+        "test": ("test", "test_negatives")}
 # How messages name the inputs where the caller gives no file names.
 NAMES = {"link train": "link_train", "link validation": "link_valid",
          "link validation negatives": "link_valid_negatives",
          "link test": "link_test", "link test negatives": "link_test_negatives",
          "features": "features"}
-# The files of a task (gbrun.data.ondisk.WRITTEN).
-FILES = r"(train|valid|test)_node_pairs\.npy|(valid|test)_negative_dsts\.npy"
 
 
 @dataclasses.dataclass
@@ -70,14 +63,14 @@ def check(task, num_nodes, names=None):
     (so that their MRRs compare); no evaluation pair is also a train pair
     (a model scored on what it trained on). Raises DatasetError."""
     names = {**NAMES, **(names or {})}
-    sets = {split: getattr(task, field) for split, (_, field, _) in SETS.items()}
+    sets = {split: getattr(task, field) for split, (field, _) in SETS.items()}
     for split, pairs in sets.items():
         check_edges(pairs, num_nodes, {"edges": names[f"link {split}"],
                                        "features": names["features"]})
     widths = {}
     for split in ("validation", "test"):
         where = names[f"link {split} negatives"]
-        negatives = np.asanyarray(getattr(task, SETS[split][2]))
+        negatives = np.asanyarray(getattr(task, SETS[split][1]))
         pairs = sets[split].shape[1]
         if negatives.ndim != 2 or negatives.shape[0] != pairs or negatives.shape[1] == 0:
             raise DatasetError(
@@ -91,14 +84,17 @@ def check(task, num_nodes, names=None):
         (first, k1), (second, k2) = widths.items()
         raise DatasetError(f"{first} and {second}: {k1} and {k2} negatives per pair; "
                            "give both the same number, so that their MRRs compare")
-    for split in ("validation", "test"):
-        trained = pairs_held(sets[split], sets["train"], num_nodes, either_way=False)
-        if trained.any():
-            i = int(np.flatnonzero(trained)[0])
+    # Both sets against the train pairs in one pass (they may be every edge).
+    evaluated = np.concatenate([sets["validation"], sets["test"]], axis=1)
+    trained = np.split(pairs_held(evaluated, sets["train"], num_nodes, either_way=False),
+                       [sets["validation"].shape[1]])
+    for split, found in zip(("validation", "test"), trained):
+        if found.any():
+            i = int(np.flatnonzero(found)[0])
             raise DatasetError(
                 f"{names[f'link {split}']}: the pair {sets[split][0][i]} -> "
                 f"{sets[split][1][i]} (pair {i}) is also in {names['link train']}: "
-                f"{int(trained.sum())} {split} pairs would be scored after training on them")
+                f"{int(found.sum())} {split} pairs would be scored after training on them")
 
 
 def leak_warning(task, edges, num_nodes):
@@ -113,31 +109,7 @@ def leak_warning(task, edges, num_nodes):
             "--drop-leaked-edges writes the graph without them")
 
 
-def metadata(task):
-    """The task's entry in metadata.yaml (after the node task)."""
-    def numpy_item(item_name, path):
-        return {"name": item_name, "format": "numpy", "in_memory": True, "path": path}
-
-    entry = {"name": TASK_NAME, "num_negatives": int(np.shape(task.valid_negatives)[1])}
-    for split, (prefix, _, negatives) in SETS.items():
-        data = [numpy_item("node_pairs", f"{prefix}_node_pairs.npy")]
-        if negatives:
-            data.append(numpy_item("negative_dsts", f"{prefix}_negative_dsts.npy"))
-        entry[f"{split}_set"] = [{"data": data}]
-    return entry
-
-
-def files(task):
-    """{file name: the array it holds} (write them as int64)."""
-    written = {}
-    for prefix, pairs, negatives in SETS.values():
-        written[f"{prefix}_node_pairs.npy"] = np.asarray(getattr(task, pairs)).T
-        if negatives:
-            written[f"{prefix}_negative_dsts.npy"] = getattr(task, negatives)
-    return written
-
-
 def sizes(task):
     """{set: its number of pairs}."""
     return {split: int(np.shape(getattr(task, field))[1])
-            for split, (_, field, _) in SETS.items()}
+            for split, (field, _) in SETS.items()}

@@ -98,11 +98,12 @@ def label_dtype(labels, kind=None):
     return np.int64 if label_kind(labels, kind) == "class" else np.float32
 
 
+def _numpy_item(item_name, path):
+    return {"name": item_name, "format": "numpy", "in_memory": True, "path": path}
+
+
 def _metadata(name, num_nodes, num_classes, has_splits, extra_names=()):
     """The metadata.yaml content for a homogeneous node-classification graph."""
-
-    def numpy_item(item_name, path):
-        return {"name": item_name, "format": "numpy", "in_memory": True, "path": path}
 
     def node_feature(feat_name, path):
         return {"domain": "node", "name": feat_name, "format": "numpy", "in_memory": True, "path": path}
@@ -114,8 +115,8 @@ def _metadata(name, num_nodes, num_classes, has_splits, extra_names=()):
             {
                 "data": [
                     # "seed_nodes" is the item name dgl 2.1's MiniBatch expects.
-                    numpy_item("seed_nodes", f"{prefix}_seed_nodes.npy"),
-                    numpy_item("labels", f"{prefix}_labels.npy"),
+                    _numpy_item("seed_nodes", f"{prefix}_seed_nodes.npy"),
+                    _numpy_item("labels", f"{prefix}_labels.npy"),
                 ]
             }
         ]
@@ -131,11 +132,32 @@ def _metadata(name, num_nodes, num_classes, has_splits, extra_names=()):
     }
 
 
+def _link_files(task):
+    """(set, item name, file name, int array) of each file of a link task
+    (gbrun.data.links.LinkTask): "node_pairs" (E, 2) and "negative_dsts"
+    (E, K), the item names dgl 2.1's MiniBatch takes (2.2-2.4 turn them
+    into seeds, labels and indexes)."""
+    for split, (pairs, negatives) in links.SETS.items():
+        prefix = SPLIT_PREFIXES[split]
+        yield split, "node_pairs", f"{prefix}_node_pairs.npy", np.asarray(getattr(task, pairs)).T
+        if negatives:
+            yield split, "negative_dsts", f"{prefix}_negative_dsts.npy", getattr(task, negatives)
+
+
+def _link_metadata(task):
+    """A link task's entry in metadata.yaml (after the node task)."""
+    entry = {"name": links.TASK_NAME, "num_negatives": int(np.shape(task.valid_negatives)[1])}
+    for split, item, path, _ in _link_files(task):
+        entry.setdefault(f"{split}_set", [{"data": []}])[0]["data"].append(
+            _numpy_item(item, path))
+    return entry
+
+
 def _write_files(directory, edges, features, labels, splits, metadata,
                  extra_features, kind, link_task=None):
     """Write every file of the dataset into an existing empty directory."""
-    for name, array in (links.files(link_task) if link_task else {}).items():
-        save_npy(os.path.join(directory, name), array, np.int64)
+    for *_, path, array in (_link_files(link_task) if link_task else ()):
+        save_npy(os.path.join(directory, path), array, np.int64)
     save_npy(os.path.join(directory, EDGES_FILE), edges, np.int64)
     save_npy(os.path.join(directory, FEAT_FILE), features, np.float32)
     save_npy(os.path.join(directory, LABEL_FILE), labels, label_dtype(labels, kind))
@@ -157,7 +179,8 @@ def _write_files(directory, edges, features, labels, splits, metadata,
 # such a directory, and nothing else.
 WRITTEN = re.compile(
     r"^(metadata\.yaml|edges(_\d+)?\.npy|node_feat(_\d+)?\.npy|node_label\.npy"
-    r"|(train|valid|test)_(seed_nodes|labels)\.npy|" + links.FILES + "|preprocessed)$")
+    r"|(train|valid|test)_(seed_nodes|labels|node_pairs)\.npy|(valid|test)_negative_dsts\.npy"
+    r"|preprocessed)$")
 
 
 def check_out_dir(out_dir, force, inputs=()):
@@ -308,7 +331,7 @@ def write_ondisk_dataset(
     name = name or os.path.basename(os.path.abspath(out_dir))
     metadata = _metadata(name, num_nodes, num_classes, splits, list(extra_features))
     if link_task is not None:
-        metadata["tasks"].append(links.metadata(link_task))
+        metadata["tasks"].append(_link_metadata(link_task))
     _write_atomically(
         out_dir, force,
         lambda tmp: _write_files(tmp, edges, features, labels, splits, metadata,

@@ -23,6 +23,8 @@ def write_inputs(directory, seed=0):
         "labels": rng.integers(0, 3, NUM_NODES),
         "valid": edges[:, :10], "valid_neg": rng.integers(0, NUM_NODES, (10, 4)),
         "test": edges[:, 10:25], "test_neg": rng.integers(0, NUM_NODES, (15, 4)),
+        # Train pairs that hold the test pairs, not the validation pairs.
+        "train_but_valid": edges[:, 10:],
     }
     for name, array in arrays.items():
         np.save(directory / f"{name}.npy", array)
@@ -119,6 +121,9 @@ def bad(name, array):
     (None, {}, "valid.npy: the pair "),
     (None, {"--link-train": "edges"}, "edges.npy: 10 validation pairs would be scored "
      "after training on them"),
+    (None, {"--link-train": "train_but_valid"}, "test.npy: the pair "),
+    (None, {"--link-train": "train_but_valid"}, "train_but_valid.npy: 15 test pairs would "
+     "be scored after training on them"),
     (None, {"--link-test": None}, "--link-valid needs --link-test (a link task's four "
      "evaluation inputs)"),
 ])
