@@ -94,7 +94,7 @@ class Batches:
                 # GraphBolt's item sampler takes no seed for an epoch.
                 seed_item_sampler(item_sampler, seed, self.shared_seed())
         batches = self.dataloader if seed is None else sample_serially(
-            self.dataloader)
+            self.dataloader, seed)
         batches = itertools.islice(batches, self.step, self.limit)
         return batches, rank0_batches(item_sampler, self.limit)
 
@@ -163,16 +163,21 @@ def rank0_batches(item_sampler, limit):
     return min(total, limit or total)
 
 
-def sample_serially(batches):
+def sample_serially(batches, seed):
     """Yields the loader's batches, sampling each with one thread. With more,
     dgl 2.1.0's sampling is not repeatable: only the calling thread's random
     engine is seeded, and unique_and_compact numbers ids in whichever order
     the threads insert them. Training keeps all threads. Costs about 15%
-    with 1 rank x 2 threads on a 200k-node graph; nothing with 1 thread."""
+    with 1 rank x 2 threads on a 200k-node graph; nothing with 1 thread.
+    torch's generator is seeded from (`seed`, the batch's index) before
+    each batch is sampled: what samples with it (GraphBolt's uniform
+    negatives) draws the same for a batch whether the batches before it
+    were trained (whose dropout draws from it too) or skipped by a resume."""
     iterator = iter(batches)
-    while True:
+    for index in itertools.count():
         # Only while sampling: the step that uses the batch has them all.
         with torch_threads(1):
+            torch.manual_seed(derived_seed(seed, index))
             batch = next(iterator, None)
         if batch is None:
             return
