@@ -353,9 +353,9 @@ def delay_for_tests(env=os.environ):
 
 
 def main(argv=None):
-    args, example = parse_args(argv)
     server = os.environ.get("DGL_ROLE") == "server"
     try:
+        args, example = parse_args(argv)
         plan = plan_devices(args)
         job = load_job(args, example, plan)
     except cli.UsageError as error:
