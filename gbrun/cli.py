@@ -206,6 +206,12 @@ def load_example(path, names=EXAMPLE_NAMES):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     missing = [n for n in names if not hasattr(module, n)]
+    task = getattr(module, "TASK", None)  # link_prediction.py's, say
+    if missing and task is not None:
+        raise UsageError(
+            f"--example {path} trains the dataset's task '{task}'; this "
+            "runs copies of node_classification.py only (node "
+            "classification; docs/distributed.md)")
     if missing:
         raise UsageError(
             f"--example {path} has no {', '.join(missing)}: is it a copy of "

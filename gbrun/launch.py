@@ -38,7 +38,7 @@ class Job:
     dataset: object
     item_sets: tuple
     in_size: object  # a width, or {node type: width}
-    num_classes: int
+    num_classes: int  # None for link prediction
     fanout: list
     start: object
 

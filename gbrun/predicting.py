@@ -35,6 +35,8 @@ PREDICTIONS = {
                   and p.is_floating_point()),
     "value": ("float32 values, one or a row per node",
               lambda p: p.dim() in (1, 2) and p.is_floating_point()),
+    "embedding": ("float32 embeddings, a row per node",
+                  lambda p: p.dim() == 2 and p.is_floating_point()),
 }
 
 
@@ -57,8 +59,9 @@ class EveryNode:
     tensor} (ids within each type), a layer's outputs are exchanged per
     type, and the last layer must output one node type (the file's)."""
 
-    def __init__(self, job, graph, progress):
+    def __init__(self, job, graph, progress, name="predict"):
         self.rank, self.device = progress.rank, progress.device
+        self.name = name  # the progress bar's, for each layer
         self.seed, self.upcast = progress.start.seed, progress.upcast
         # This rank's share of every node, and where each type's outputs
         # are kept (gbrun.sources.LayerOutputs): on every rank, or on DGL's
@@ -73,7 +76,7 @@ class EveryNode:
     def batches(self, dataloader, layer_idx):
         """`dataloader`'s pass over this rank's nodes for layer `layer_idx`,
         every batch (--max-batches does not apply), shown on rank 0."""
-        return Batches(dataloader, self.rank, f"predict, layer {layer_idx}",
+        return Batches(dataloader, self.rank, f"{self.name}, layer {layer_idx}",
                        self.seed, upcast=self.upcast, device=self.device,
                        pass_id=(0, layer_idx))
 
@@ -169,6 +172,11 @@ class EveryNode:
                 "model's last layer output node types "
                 f"{', '.join(map(str, computed)) or '(none)'}")
         return self.types[computed[0]]
+
+    def read(self, nodes):
+        """The last layer's outputs of `nodes` (graph ids), on any rank:
+        every node's embedding, once each rank computed its share."""
+        return self.last_layer().read(nodes).to(self.device)
 
     @property
     def outputs(self):

@@ -193,6 +193,48 @@ def check_dataset(dataset, name, feature_keys, label_key, labels="class",
     return tuple(item_sets)
 
 
+def check_link_task(dataset, name, feature_keys, task_name):
+    """Refuses a dataset the link example cannot train on, naming what is
+    missing or wrong. Returns the task `task_name`'s train item set (its
+    node pairs, as GraphBolt samples them) and its validation and test
+    sets as (pairs (E, 2), negative destinations (E, K)) tensors, each
+    pair scored against its own row (the format gbrun.data.links writes)."""
+    check_homogeneous(dataset, name)
+    tasks = {task.metadata.get("name"): task for task in dataset.tasks}
+    if task_name not in tasks:
+        raise UsageError(
+            f"dataset '{name}' has no task named '{task_name}' (its tasks: "
+            f"{', '.join(map(str, tasks))}); scripts/convert_to_ondisk.py "
+            "--link-valid ... writes one (docs/own-data.md)")
+    task = tasks[task_name]
+    for key in feature_keys:
+        check_feature(dataset, name, key)
+    wanted = {"train_set": ("node_pairs",),
+              "validation_set": ("node_pairs", "negative_dsts"),
+              "test_set": ("node_pairs", "negative_dsts")}
+    sets = []
+    for split, names in wanted.items():
+        item_set = getattr(task, split)
+        if item_set is None or len(item_set) == 0:
+            raise UsageError(f"dataset '{name}': task '{task_name}' has an "
+                             f"empty {split}")
+        if tuple(item_set.names or ()) != names:
+            raise UsageError(
+                f"dataset '{name}': the {split} of task '{task_name}' holds "
+                f"{', '.join(item_set.names or ('unnamed items',))}; the link "
+                f"example takes {' and '.join(names)}")
+        sets.append(item_set)
+    evaluated = []
+    for split, item_set in zip(SPLITS[1:], sets[1:]):
+        pairs, negatives = item_set[0:len(item_set)]
+        if negatives.dim() != 2 or negatives.size(1) == 0:
+            raise UsageError(
+                f"dataset '{name}': the {split}'s negative_dsts have shape "
+                f"{list(negatives.shape)}, not a row of negatives per pair")
+        evaluated.append((pairs.long(), negatives.long()))
+    return sets[0], *evaluated
+
+
 def feature_name(key, node_type=None, named=False):
     if node_type is not None:
         return f"feature '{key}' of node type '{node_type}'"

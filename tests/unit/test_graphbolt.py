@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from gbrun.batches import derived_seed
-from gbrun.graphbolt import batches_per_rank, gb, seed_item_sampler
+from gbrun.graphbolt import (
+    batches_per_rank, gb, scored_pairs, seed_item_sampler,
+)
 
 
 def order(sampler):
@@ -60,3 +62,25 @@ def test_the_releases_shapes_are_told_apart():
     earlier = types.SimpleNamespace(_rng=None)
     seed_item_sampler(earlier, derived_seed(7, 3, 2), derived_seed(7, 2))
     assert isinstance(earlier._rng, np.random.Generator)
+
+
+def test_a_link_batch_reads_as_each_release_shapes_it():
+    # dgl 2.1: node_pairs_with_labels of a batch of node pairs (this
+    # install's own MiniBatch), compacted_seeds None.
+    pairs = torch.tensor([[0, 1], [2, 3]])
+    negatives = torch.tensor([[3], [0]])
+    batch = gb.MiniBatch(node_pairs=(pairs[:, 0], pairs[:, 1]),
+                         negative_dsts=negatives,
+                         compacted_node_pairs=(pairs[:, 0], pairs[:, 1]),
+                         compacted_negative_dsts=negatives)
+    sources, destinations, labels = scored_pairs(batch)
+    assert sources.tolist() == [0, 2, 0, 2]
+    assert destinations.tolist() == [1, 3, 3, 0]
+    assert labels.tolist() == [1.0, 1.0, 0.0, 0.0]
+    # dgl 2.2-2.4: the positives then the negatives as (pairs, 2) seeds,
+    # labels 1 and 0 (uniform_negative_sampler.py at v2.2.1 and v2.4.0).
+    later = types.SimpleNamespace(
+        compacted_seeds=torch.tensor([[0, 1], [2, 3], [0, 3], [2, 0]]),
+        labels=torch.tensor([1.0, 1.0, 0.0, 0.0]))
+    assert [t.tolist() for t in scored_pairs(later)] == [
+        sources.tolist(), destinations.tolist(), labels.tolist()]
