@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from xml.etree import ElementTree
 
 import pytest
 import torch
@@ -118,9 +119,11 @@ def test_killed_run_resumes_from_its_last_checkpoint(small_dataset, tmp_path):
     # process; the command line runs in test_plot_metrics_names_a_missing_log).
     import plot_metrics
 
-    png = tmp_path / "curves.png"
-    plot_metrics.main([str(logs), str(logs), "--out", str(png)])
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = tmp_path / "curves.svg"
+    plot_metrics.main([str(logs), str(logs), "--out", str(svg)])
+    # Well-formed, with a line per run in each of the two panels.
+    drawn = ElementTree.parse(svg).getroot()
+    assert len(drawn.findall("{http://www.w3.org/2000/svg}polyline")) == 4
 
 
 # TEST_SIGTERM_AT_CHECK=N stops a run at an exact step, with no timing
