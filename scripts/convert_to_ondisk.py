@@ -440,6 +440,10 @@ def main(argv=None):
         pairs = summary["link_sizes"]
         print(f"link task: train/val/test {pairs['train']}/{pairs['validation']}/"
               f"{pairs['test']} pairs")
+        print(f"train with: python node_classification.py --dataset {args.out_dir}"
+              f" (its node task), or python link_prediction.py --dataset "
+              f"{args.out_dir} (its link task)")
+        return 0
     print(f"train with: python node_classification.py --dataset {args.out_dir}")
     return 0
 

@@ -63,6 +63,7 @@ def test_a_link_task_round_trips_and_leaves_the_graph(tmp_path, capsys):
     code, stdout, stderr = convert(out, [*link_args(tmp_path), "--drop-leaked-edges"], capsys)
     assert code == 0, stderr
     assert "link task: train/val/test " in stdout
+    assert f"python link_prediction.py --dataset {out} (its link task)" in stdout
     dataset = datasets.load_dataset(str(out))
     task = dataset.tasks[1]
     assert task.metadata["name"] == "link_prediction"
