@@ -53,8 +53,9 @@ def metric_name(records):
 
 
 def nice_ticks(low, high, count=5, integer=False):
-    """About `count` round values (1, 2 or 5 times a power of ten) that
-    cover [low, high], and the range they span."""
+    """About `count` round values (multiples of 1, 2 or 5 times a power of
+    ten) from just below `low` to just above `high`: the axis's ticks, its
+    first and last the axis's ends."""
     if not high > low:
         low, high = low - 0.5, high + 0.5
     raw = (high - low) / count
