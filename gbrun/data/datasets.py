@@ -209,11 +209,12 @@ def check_link_task(dataset, name, feature_keys, task_name):
     task = tasks[task_name]
     for key in feature_keys:
         check_feature(dataset, name, key)
-    wanted = {"train_set": ("node_pairs",),
-              "validation_set": ("node_pairs", "negative_dsts"),
-              "test_set": ("node_pairs", "negative_dsts")}
-    sets = []
-    for split, names in wanted.items():
+    item_sets = []
+    for split in SPLITS:
+        # The train set's pairs are sampled; each evaluation pair is scored
+        # against its own row of negatives.
+        names = ("node_pairs",) if split == SPLITS[0] else (
+            "node_pairs", "negative_dsts")
         item_set = getattr(task, split)
         if item_set is None or len(item_set) == 0:
             raise UsageError(f"dataset '{name}': task '{task_name}' has an "
@@ -223,16 +224,16 @@ def check_link_task(dataset, name, feature_keys, task_name):
                 f"dataset '{name}': the {split} of task '{task_name}' holds "
                 f"{', '.join(item_set.names or ('unnamed items',))}; the link "
                 f"example takes {' and '.join(names)}")
-        sets.append(item_set)
-    evaluated = []
-    for split, item_set in zip(SPLITS[1:], sets[1:]):
+        if split == SPLITS[0]:
+            item_sets.append(item_set)
+            continue
         pairs, negatives = item_set[0:len(item_set)]
         if negatives.dim() != 2 or negatives.size(1) == 0:
             raise UsageError(
                 f"dataset '{name}': the {split}'s negative_dsts have shape "
                 f"{list(negatives.shape)}, not a row of negatives per pair")
-        evaluated.append((pairs.long(), negatives.long()))
-    return sets[0], *evaluated
+        item_sets.append((pairs.long(), negatives.long()))
+    return tuple(item_sets)
 
 
 def feature_name(key, node_type=None, named=False):
