@@ -1,7 +1,8 @@
 """Support for node_classification.py and its sibling link_prediction.py:
 everything a user of the examples does not need to edit. The examples
-import it; it never imports them, and receives what is model- or data-specific (keys, the resume key, the layer
-count, the function each rank runs) as arguments. Import the module you use
+import it; it never imports them, and receives what is model- or
+data-specific (keys, the resume key, the layer count, the function each
+rank runs) as arguments. Import the module you use
 (`from gbrun import checkpoint, launch`): `import gbrun.cli` loads no torch.
 
 The rank runtime, which the example's run() and loop reach:

@@ -436,15 +436,14 @@ def main(argv=None):
         f"wrote {args.out_dir}: {summary['num_nodes']} nodes, {summary['num_edges']} edges, "
         f"{summary['feat_dim']} features{extra}, {summary['num_classes']} {classes}, {splits}"
     )
+    train = f"python node_classification.py --dataset {args.out_dir}"
     if summary["link_sizes"]:
         pairs = summary["link_sizes"]
         print(f"link task: train/val/test {pairs['train']}/{pairs['validation']}/"
               f"{pairs['test']} pairs")
-        print(f"train with: python node_classification.py --dataset {args.out_dir}"
-              f" (its node task), or python link_prediction.py --dataset "
-              f"{args.out_dir} (its link task)")
-        return 0
-    print(f"train with: python node_classification.py --dataset {args.out_dir}")
+        train += (f" (its node task), or python link_prediction.py --dataset "
+                  f"{args.out_dir} (its link task)")
+    print(f"train with: {train}")
     return 0
 
 
