@@ -146,7 +146,7 @@ def node_features(data):
 
 
 def create_dataloader(graph, features, itemset, device, storage, is_train, args,
-                      fanout):
+                      fanout, directed=False):
     # Every rank its own share of the items (node pairs when training,
     # nodes when embedding them), as node_classification.py shares them.
     item_sampler = gb.DistributedItemSampler(
@@ -173,10 +173,10 @@ def create_dataloader(graph, features, itemset, device, storage, is_train, args,
         ########################################################################
         # (HIGHLIGHT) The batch's pairs, and their reverses, taken out of the
         # sampled neighbourhoods: the model must not read the edge it is
-        # asked to predict.
+        # asked to predict (a directed task's reverses are other facts).
         ########################################################################
         datapipe = datapipe.transform(
-            partial(gb.exclude_seed_edges, include_reverse_edges=True)
+            partial(gb.exclude_seed_edges, include_reverse_edges=not directed)
         )
     datapipe = datapipe.fetch_feature(
         features, node_feature_keys=FEATURE_KEYS, **options["fetch_feature"]
@@ -372,7 +372,7 @@ def run(rank, plan, args, job):
     train_set, valid_set, test_set = item_sets
     train_loader = create_dataloader(
         graph, features, train_set, device, plan.storage, True, args,
-        job.fanout,
+        job.fanout, datasets.is_directed(job.dataset, TASK),
     )
     # Evaluation embeds every node (over full neighbourhoods, or at most
     # --predict-fanout neighbours), then scores this rank's pairs.

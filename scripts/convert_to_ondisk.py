@@ -27,11 +27,19 @@ Inputs:
 
 A link-prediction task beside the node task (the pairs as --edges; the
 negatives .npy integer arrays (E, K), a row of K destinations per pair):
+  --link-split V,T --link-negatives K   a split made here: fractions V and
+               T of the graph's distinct pairs are the validation and test
+               pairs (out of the graph, both ways), K random negatives each
+               (--seed); or your own split, all four of
   --link-valid --link-valid-negatives --link-test --link-test-negatives
-               the pairs a model is scored on and their negatives (all four);
-  --link-train the pairs it learns from (default: every edge of the graph);
-  --drop-leaked-edges  writes the graph without the validation and test
-               pairs (either way round); a graph that holds them is warned of.
+               the pairs a model is scored on and their negatives;
+  --link-train the pairs it learns from (default: the graph's edges but
+               the evaluation pairs, either way round).
+A pair is undirected ((u, v) and (v, u) are one fact) unless --directed.
+Every way the evaluation pairs reach a model is printed, then refused in one
+line (docs/own-data.md#what-leaks): a graph or train pairs that hold them
+or their reverse (--drop-leaked-edges takes them out of both;
+--keep-leaked-edges keeps the graph's), and a pair in both sets.
 
 Several node and edge types (users and items, papers and authors) instead
 of --edges and --features:
@@ -224,10 +232,20 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the random --split")
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     link = parser.add_argument_group("a link-prediction task")
+    link.add_argument("--link-split", type=link_fractions, metavar="V,T",
+                      help="hold out these fractions of the graph's pairs as validation and "
+                      "test pairs")
+    link.add_argument("--link-negatives", type=int_at_least(1), metavar="K",
+                      help="with --link-split: random negatives per evaluation pair")
     for option, (_, what) in LINK_OPTIONS.items():
         link.add_argument(option, metavar="FILE", help=what)
-    link.add_argument("--drop-leaked-edges", action="store_true",
-                      help="write the graph without the validation and test pairs")
+    link.add_argument("--directed", action="store_true",
+                      help="(u, v) and (v, u) are two facts: only a pair itself is its answer")
+    leaked = link.add_mutually_exclusive_group()
+    leaked.add_argument("--drop-leaked-edges", action="store_true",
+                        help="take the evaluation pairs out of the graph and the train pairs")
+    leaked.add_argument("--keep-leaked-edges", action="store_true",
+                        help="keep evaluation pairs the graph holds, with a warning")
     hetero = parser.add_argument_group("several node and edge types")
     hetero.add_argument("--node-type", action="append", default=[], type=named_count,
                         metavar="NAME=COUNT", help="a node type and its node count; repeatable")
@@ -275,35 +293,71 @@ def link_dest(option):
     return option[2:].replace("-", "_")
 
 
+def link_fractions(text):
+    """argparse type of --link-split: V,T, two fractions summing below 1."""
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) != 2 or not all(0 < v < 1 for v in values) or sum(values) >= 1:
+        raise argparse.ArgumentTypeError(
+            f"expected two fractions V,T above 0 with V + T < 1, like 0.05,0.05, got {text!r}")
+    return tuple(values)
+
+
 def check_link_args(parser, args):
-    """All four evaluation inputs of a link task, or none of its options."""
-    given = [option for option in LINK_OPTIONS if getattr(args, link_dest(option))]
-    if args.drop_leaked_edges:
-        given.append("--drop-leaked-edges")
+    """A link task's options: --link-split with --link-negatives, or the
+    four evaluation inputs; the rest only with one of them."""
+    files = [option for option in LINK_OPTIONS if getattr(args, link_dest(option))]
+    modifiers = [option for option in ("--directed", "--drop-leaked-edges", "--keep-leaked-edges")
+                 if getattr(args, link_dest(option))]
+    given = (["--link-split"] if args.link_split else []) + files + modifiers
+    if args.link_negatives and not args.link_split:
+        parser.error("--link-negatives needs --link-split V,T (the split it draws negatives for)")
     if not given:
         return
     if args.node_type:
         parser.error(f"{given[0]} is for a graph of one node type, not --node-type")
+    if args.link_split:
+        if files:
+            parser.error(f"{files[0]}: --link-split makes the link task's pairs; give one or the other")
+        if not args.link_negatives:
+            parser.error("--link-split needs --link-negatives K (negatives per evaluation pair)")
+        return
     missing = [option for option in list(LINK_OPTIONS)[1:] if not getattr(args, link_dest(option))]
     if missing:
-        parser.error(f"{given[0]} needs {', '.join(missing)} (a link task's four evaluation inputs)")
+        parser.error(f"{given[0]} needs {', '.join(missing)} (a link task's four evaluation "
+                     "inputs), or --link-split V,T --link-negatives K")
 
 
 def load_link_task(args, edges, num_nodes, names):
-    """(the graph's edges, a links.LinkTask, or None without the options);
-    with --drop-leaked-edges the graph loses the evaluation pairs."""
+    """(the graph's edges, a links.LinkTask or None without the options,
+    what --drop-leaked-edges took out or None): split here, or read; with
+    --drop-leaked-edges the graph and the train pairs lose the evaluation
+    pairs (the writer checks what is left)."""
+    if args.link_split:
+        inputs.check_edges(edges, num_nodes, names)
+        return (*links.split(edges, num_nodes, args.link_split, args.link_negatives,
+                             np.random.default_rng(args.seed), args.directed), None)
     if not args.link_valid:
-        return edges, None
+        return edges, None, None
     valid, test = load_edges(args.link_valid), load_edges(args.link_test)
-    if args.drop_leaked_edges:
-        # Taking pairs out needs valid ids; the writer checks everything again.
-        for split, pairs in (("validation", valid), ("test", test)):
-            inputs.check_edges(pairs, num_nodes, {"edges": names[f"link {split}"],
-                                                  "features": names["features"]})
-        edges = links.without_pairs(edges, np.concatenate([valid, test], axis=1), num_nodes)
-    train = load_edges(args.link_train) if args.link_train else edges
-    return edges, links.LinkTask(train, valid, load_npy(args.link_valid_negatives),
-                                 test, load_npy(args.link_test_negatives))
+    # Taking pairs out needs valid ids; the writer checks everything again.
+    for split, pairs in (("validation", valid), ("test", test)):
+        inputs.check_edges(pairs, num_nodes, {"edges": names[f"link {split}"],
+                                              "features": names["features"]})
+    task = links.LinkTask(edges, valid, load_npy(args.link_valid_negatives), test,
+                          load_npy(args.link_test_negatives), args.directed)
+    if args.link_train:
+        task.train = load_edges(args.link_train)
+    else:  # never an evaluation pair (or, undirected, its reverse)
+        task.train = links.without_pairs(edges, task.evaluated(), num_nodes,
+                                         either_way=not args.directed)
+    if not args.drop_leaked_edges:
+        return edges, task, None
+    inputs.check_edges(task.train, num_nodes, {"edges": names["link train"],
+                                               "features": names["features"]})
+    return links.drop_leaked(edges, task, num_nodes)
 
 
 def named_count(text):
@@ -378,9 +432,10 @@ def convert(args):
     names.update({f"feature {name}": path for name, path in args.feature})
     names.update({key: getattr(args, link_dest(option))
                   for option, (key, _) in LINK_OPTIONS.items()})
+    if args.link_split:
+        names.update({key: f"--link-split's {key[5:]}" for key, _ in LINK_OPTIONS.values()})
     if not args.link_train:
-        names["link train"] = (f"the graph's edges, the train pairs ({args.edges}; "
-                               "--drop-leaked-edges takes the evaluation pairs out)")
+        names["link train"] = f"{args.edges} (the graph's edges, the train pairs)"
     if args.split is None:
         names.update(train=args.train_idx, validation=args.val_idx, test=args.test_idx)
     else:
@@ -399,17 +454,18 @@ def convert(args):
             edges = inputs.drop_self_loops(edges)
         if args.add_reverse_edges:
             edges = inputs.add_reverse_edges(edges)
-    edges, link_task = load_link_task(args, edges, features.shape[0] if features.ndim else 0,
-                                      names)
+    edges, link_task, dropped = load_link_task(
+        args, edges, features.shape[0] if features.ndim else 0, names)
     train, val, test = load_splits(args, features.shape[0] if features.ndim else 0)
-    return ondisk.write_ondisk_dataset(
+    summary = ondisk.write_ondisk_dataset(
         args.out_dir, edges, features, labels, train, val, test,
         num_classes=args.num_classes, force=args.force, input_names=names,
         extra_features=extra_features, kind=args.label_kind,
         inputs=input_paths(args), edges_as_given=(args.drop_self_loops,
                                                   args.add_reverse_edges),
-        link_task=link_task,
+        link_task=link_task, keep_leaked_edges=args.keep_leaked_edges,
     )
+    return {**summary, "dropped": dropped}
 
 
 def main(argv=None):
@@ -441,6 +497,9 @@ def main(argv=None):
         pairs = summary["link_sizes"]
         print(f"link task: train/val/test {pairs['train']}/{pairs['validation']}/"
               f"{pairs['test']} pairs")
+        if summary["dropped"]:
+            print("--drop-leaked-edges took {} edges out of the graph and {} out of the "
+                  "train pairs".format(*summary["dropped"]))
         train += (f" (its node task), or python link_prediction.py --dataset "
                   f"{args.out_dir} (its link task)")
     print(f"train with: {train}")

@@ -22,10 +22,11 @@ item:bought-by:user), mostly of their own class; a user's own features are
 weak (noise 2.0, not 0.5) and the items' clear, so a relational model must
 read the items it bought to do well.
 With --link-negatives K: a link-prediction task beside the node task (for
-link_prediction.py): 5% of the edges are validation and 5% test pairs,
-taken out of the graph (a model must not sample the edges it is scored
-on), each with K uniform random negative destinations; the graph's other
-edges are the train pairs. As 80% of edges join two nodes of one class,
+link_prediction.py): 5% of the graph's distinct pairs (either way round)
+are validation and 5% test pairs, taken out of the graph both ways (a model
+must not sample the edges it is scored on), each with K uniform random
+negative destinations; the graph's other edges are the train pairs (as
+convert_to_ondisk.py --link-split 0.05,0.05 splits). As 80% of edges join two nodes of one class,
 and features carry the class, a model learns which pairs are edges.
 The same arguments always produce the same bytes.
 """
@@ -109,23 +110,9 @@ def make_dataset(
     return inputs.drop_self_loops(np.stack([src, dst])), features, labels
 
 
-# --link-negatives: the fractions of edges that are train (they stay the
-# graph), validation and test pairs.
-LINK_SPLIT = (0.9, 0.05, 0.05)
-
-
-def make_link_task(rng, edges, num_nodes, num_negatives):
-    """(the graph's edges, a links.LinkTask): validation and test pairs
-    drawn from `edges` and taken out of the graph, every copy either way
-    round; the graph's edges are the train pairs; `num_negatives` uniform
-    random destinations per evaluation pair."""
-    order = rng.permutation(edges.shape[1])
-    cuts = np.cumsum([int(edges.shape[1] * f) for f in LINK_SPLIT[1:]])
-    valid, test = (edges[:, np.sort(part)] for part in np.split(order[:cuts[-1]], cuts[:1]))
-    graph = links.without_pairs(edges, np.concatenate([valid, test], axis=1), num_nodes)
-    negatives = [rng.integers(0, num_nodes, (pairs.shape[1], num_negatives), dtype=np.int64)
-                 for pairs in (valid, test)]
-    return graph, links.LinkTask(graph, valid, negatives[0], test, negatives[1])
+# --link-negatives: the fractions of the graph's distinct pairs that are
+# validation and test pairs (convert_to_ondisk.py --link-split's split).
+LINK_SPLIT = (0.05, 0.05)
 
 
 # --hetero: users (the target, with labels) and half as many items. A
@@ -190,7 +177,7 @@ def parse_args(argv=None):
                         help="two node types: --num-nodes users (labelled) and half as many items, "
                         "edge types user:buys:item and its reverse item:bought-by:user")
     parser.add_argument("--link-negatives", type=int_at_least(1), metavar="K",
-                        help="also write a link-prediction task: 5%% of the edges are validation "
+                        help="also write a link-prediction task: 5%% of the graph's pairs are validation "
                         "and 5%% test pairs (out of the graph), each with K random negatives")
     args = parser.parse_args(argv)
     if args.hetero and args.link_negatives:
@@ -211,8 +198,8 @@ def main(argv=None):
     train, val, test = inputs.split_nodes(args.num_nodes, args.split, seed=args.seed + 1)
     link_task = None
     if args.link_negatives:
-        edges, link_task = make_link_task(np.random.default_rng(args.seed + 2), edges,
-                                          args.num_nodes, args.link_negatives)
+        edges, link_task = links.split(edges, args.num_nodes, LINK_SPLIT, args.link_negatives,
+                                       np.random.default_rng(args.seed + 2))
     try:
         summary = ondisk.write_ondisk_dataset(
             args.out_dir, edges, features, labels, train, val, test,

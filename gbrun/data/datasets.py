@@ -236,6 +236,16 @@ def check_link_task(dataset, name, feature_keys, task_name):
     return tuple(item_sets)
 
 
+def is_directed(dataset, task_name):
+    """Whether the link task's pairs are directed facts (written with
+    convert_to_ondisk.py --directed): then only a pair itself, not its
+    reverse, is its answer."""
+    for task in dataset.tasks:
+        if task.metadata.get("name") == task_name:
+            return bool(task.metadata.get("directed", False))
+    raise KeyError(task_name)
+
+
 def feature_name(key, node_type=None, named=False):
     if node_type is not None:
         return f"feature '{key}' of node type '{node_type}'"

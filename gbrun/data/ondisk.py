@@ -146,7 +146,8 @@ def _link_files(task):
 
 def _link_metadata(task):
     """A link task's entry in metadata.yaml (after the node task)."""
-    entry = {"name": links.TASK_NAME, "num_negatives": int(np.shape(task.valid_negatives)[1])}
+    entry = {"name": links.TASK_NAME, "num_negatives": int(np.shape(task.valid_negatives)[1]),
+             "directed": bool(task.directed)}
     for split, item, path, _ in _link_files(task):
         entry.setdefault(f"{split}_set", [{"data": []}])[0]["data"].append(
             _numpy_item(item, path))
@@ -265,6 +266,19 @@ def _write_atomically(out_dir, force, write, inputs=()):
             shutil.rmtree(old_dir, ignore_errors=True)
 
 
+def _refuse_leaks(found):
+    """Prints every leak (each case's count and an example), then refuses
+    in one line if any is refused."""
+    for leak in found:
+        print(f"{leak.kind}: {leak.text}", file=sys.stderr)
+    refused = sum(leak.refused for leak in found)
+    if refused:
+        raise DatasetError(
+            f"the link task gives a model its answers in {refused} way"
+            f"{'s' if refused > 1 else ''} (the 'leak:' line{'s' if refused > 1 else ''} "
+            "above); nothing was written")
+
+
 def write_ondisk_dataset(
     out_dir,
     edges,
@@ -282,6 +296,7 @@ def write_ondisk_dataset(
     inputs=(),
     edges_as_given=None,
     link_task=None,
+    keep_leaked_edges=False,
 ):
     """Validate the arrays and write them as a GraphBolt OnDiskDataset.
 
@@ -303,8 +318,10 @@ def write_ondisk_dataset(
         deduplicated): warn of self-loops and repeated edges the options
         would remove (inputs.edge_warnings); None: no such warnings.
     link_task: a gbrun.data.links.LinkTask, written as a second task
-        ("link_prediction"); a warning where the graph holds its
-        validation or test pairs.
+        ("link_prediction"), refused where its answers reach the model
+        (links.leaks: each case printed first, then one DatasetError);
+        keep_leaked_edges: a graph that holds evaluation pairs is written
+        with a warning instead.
     Returns a summary dict. Raises DatasetError; never leaves out_dir half
     written, and never touches the disk when validation fails.
     """
@@ -321,11 +338,10 @@ def write_ondisk_dataset(
     num_nodes = features.shape[0]
     if link_task is not None:
         links.check(link_task, num_nodes, names)
+        _refuse_leaks(links.leaks(link_task, edges, num_nodes, names, keep_leaked_edges))
     warnings = find_warnings(edges, labels, train_idx, num_nodes, num_classes, kind)
     if edges_as_given is not None:
         warnings += edge_warnings(edges, *edges_as_given)
-    if link_task is not None:
-        warnings += filter(None, [links.leak_warning(link_task, edges, num_nodes)])
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     name = name or os.path.basename(os.path.abspath(out_dir))

@@ -183,12 +183,13 @@ def test_link_metrics_are_exact_over_ranks_one_without_pairs(tmp_path):
     assert alone["Hits@3"] == pytest.approx((rank <= 3).double().mean().item())
 
 
-def _sampled_edges_of_training_batches(rank, dataset):
+def _sampled_edges_of_training_batches(rank, dataset, directed):
     """(positive pairs, sampled edges) of the first training batches of
-    link_prediction.py's loader, with all neighbours sampled, as original
-    node ids."""
+    link_prediction.py's loader (of a `directed` task or not), with all
+    neighbours sampled, as original node ids."""
     import gbrun.data.datasets
 
+    torch.manual_seed(0)  # the same batches every time
     module = load_link_example()
     args = module.parse_args(["--dataset", dataset, "--batch-size", "256",
                               "--fanout", "-1,-1,-1"])
@@ -197,7 +198,7 @@ def _sampled_edges_of_training_batches(rank, dataset):
         data, dataset, module.FEATURE_KEYS, module.TASK)
     loader = module.create_dataloader(
         data.graph, data.feature, train_set, torch.device("cpu"), "cpu",
-        True, args, [-1, -1, -1])
+        True, args, [-1, -1, -1], directed)
     found = []
     for step, batch in zip(range(3), loader):
         src, dst = batch.node_pairs  # dgl 2.1: the positive pairs
@@ -212,18 +213,32 @@ def _sampled_edges_of_training_batches(rank, dataset):
     return found
 
 
+def _both_ways(rank, dataset):
+    return [_sampled_edges_of_training_batches(rank, dataset, directed)
+            for directed in (False, True)]
+
+
 @pytest.mark.slow
 def test_a_training_batch_samples_none_of_its_pairs_nor_their_reverses(
         link_dataset, tmp_path):
-    batches, = run_gloo_group(_sampled_edges_of_training_batches, 1,
-                              tmp_path, str(link_dataset))
+    """Nor, for a directed task (convert_to_ondisk.py --directed), its own
+    pairs, while their reverses (other facts) stay."""
+    (undirected, directed), = run_gloo_group(_both_ways, 1, tmp_path,
+                                             str(link_dataset))
     num_nodes = 2000
-    for pairs, sampled in batches:
-        keys = set((pairs[0] * num_nodes + pairs[1]).tolist())
-        keys |= set((pairs[1] * num_nodes + pairs[0]).tolist())
-        edges = (sampled[0] * num_nodes + sampled[1]).tolist()
-        assert sampled.size(1) > 10 * pairs.size(1)  # every neighbour
-        assert not keys & set(edges)
+    reverses_kept = 0
+    for batches, reverse_excluded in ((undirected, True), (directed, False)):
+        for pairs, sampled in batches:
+            keys = set((pairs[0] * num_nodes + pairs[1]).tolist())
+            reverses = set((pairs[1] * num_nodes + pairs[0]).tolist()) - keys
+            edges = set((sampled[0] * num_nodes + sampled[1]).tolist())
+            assert sampled.size(1) > 10 * pairs.size(1)  # every neighbour
+            assert not keys & edges
+            if reverse_excluded:
+                assert not reverses & edges
+            else:
+                reverses_kept += len(reverses & edges)
+    assert reverses_kept > 0
 
 
 def test_what_link_prediction_cannot_train_is_refused_in_one_line(
