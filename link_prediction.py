@@ -6,11 +6,11 @@ loader: node_classification.py's second task, with the same support package
 SIGTERM, one-line refusals). Its model, sampling and MRR are those of DGL's
 examples/sampling/graphbolt/link_prediction.py, spread over ranks.
 
-    # A dataset with a link-prediction task (docs/own-data.md converts yours):
-    python scripts/make_synthetic_dataset.py data/links --link-negatives 100
-    python link_prediction.py --gpu=0,1 --dataset data/links
+    # The link-prediction graph that comes with the example (made on first
+    # use), or any dataset with a link task (docs/own-data.md converts yours):
+    python link_prediction.py --gpu=0,1 --dataset synthetic-links
     # Every node's embedding, to score any pair afterwards:
-    python link_prediction.py --gpu=0,1 --dataset data/links \
+    python link_prediction.py --gpu=0,1 --dataset synthetic-links \
         --predict embeddings.npy
 
 As a template: copy this file and edit it; every place you adapt is here
@@ -473,7 +473,8 @@ def parse_args(argv=None):
     parser.add_argument(
         "--dataset", type=str, required=True,
         help="The path of an OnDiskDataset directory (with metadata.yaml)"
-        f" with a task named '{TASK}'.",
+        f" with a task named '{TASK}', or synthetic-links (comes with the"
+        " example).",
     )
     parser.add_argument(
         "--data-root", type=str, default="datasets",

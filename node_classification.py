@@ -7,12 +7,11 @@ offline on a dataset directory, and under torchrun.
 
     # Two GPUs (DGL's CUDA build, see docs/gpus.md); else two CPU processes:
     python node_classification.py --gpu=0,1
-    # Offline, on a synthetic dataset directory:
-    python scripts/make_synthetic_dataset.py data/synthetic
-    python node_classification.py --gpu=0,1 --dataset data/synthetic
+    # Offline, on the graph that comes with the example (or a directory):
+    python node_classification.py --gpu=0,1 --dataset synthetic
     # One process per rank, started by torchrun:
     torchrun --standalone --nproc-per-node=2 node_classification.py \
-        --dataset data/synthetic
+        --dataset synthetic
 
 As a template: copy this file and edit it; every place you adapt is here
 (the model, the dataset's keys, the optimizer and LR schedule, the metric,
@@ -496,7 +495,8 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--dataset", type=str, default="ogbn-products",
-        help="A builtin GraphBolt dataset ("
+        help="A dataset that comes with the example ("
+        + ", ".join(datasets.COMES_WITH) + "), a builtin GraphBolt dataset ("
         + ", ".join(datasets.BUILTIN_DATASETS)
         + ") or the path of an OnDiskDataset directory (with metadata.yaml).",
     )

@@ -7,14 +7,18 @@ one place so that they agree.
               check of an array of labels, for both sides
     inputs    the dataset writer's input checks and transforms (random
               splits, self-loops, reverse edges)
-    links     a link-prediction task beside the node task: its checks and
-              the evaluation pairs a graph leaks (ondisk writes it)
+    links     a link-prediction task beside the node task: its checks,
+              every way its answers leak, and the split of an edge list
     ondisk    the OnDiskDataset writer scripts/convert_to_ondisk.py and
               scripts/make_synthetic_dataset.py share
+    synthetic the planted synthetic graph (and its link task)
+    builtin   the datasets that come with the example (`synthetic`,
+              `synthetic-links`), made once into the cache on first use
     metadata  a dataset's metadata.yaml read as data: the files it names,
               numpy or CSV, inside the dataset
     fingerprint  a dataset identified by content (cached SHA-256 per file)
     staging   GraphBolt's preprocessing of a dataset, once per content, in
               the cache, never in the dataset
-Importing gbrun.data.inputs, labels, links or ondisk loads no torch.
+Importing gbrun.data.inputs, labels, links, ondisk, synthetic or builtin
+loads no torch.
 """

@@ -9,11 +9,14 @@ import torch
 from ..cache import CacheError, passed_over
 from ..cli import UsageError
 from ..graphbolt import gb
-from . import fingerprint, staging
+from . import builtin, fingerprint, staging
 from . import labels as label_checks
 from .metadata import METADATA_FILE, MetadataError, read_metadata
 
+# GraphBolt's builtin datasets, downloaded; and those that come with the
+# example, made on first use (gbrun.data.builtin).
 BUILTIN_DATASETS = ["cora", "ogbn-arxiv", "ogbn-products", "ogbn-papers100M"]
+COMES_WITH = tuple(builtin.MADE)
 # The task's splits, in the order a Job's item sets hold them.
 SPLITS = ("train_set", "validation_set", "test_set")
 
@@ -37,33 +40,14 @@ def load_dataset(name_or_dir, data_root="datasets"):
     """The one place that reads datasets (the scripts use it too): an
     OnDiskDataset directory, read as data only (gbrun.data.metadata), never
     written to, and preprocessed once per content into gbrun's cache
-    (gbrun.data.staging); or else a builtin GraphBolt dataset, downloaded
-    from DGL under `data_root` on first use and loaded as GraphBolt ships
-    it."""
-    if os.path.isdir(name_or_dir):
-        if not os.path.isfile(os.path.join(name_or_dir, METADATA_FILE)):
-            builtin = (f" (for the builtin dataset '{name_or_dir}', run "
-                       "from another directory)"
-                       if name_or_dir in BUILTIN_DATASETS else "")
-            raise UsageError(
-                f"--dataset '{name_or_dir}' is a directory without "
-                f"metadata.yaml, so it is not a GraphBolt OnDiskDataset"
-                f"{builtin}"
-            )
-        try:
-            metadata = read_metadata(name_or_dir)
-            files = fingerprint.fingerprint(name_or_dir, metadata)
-            path, made = staging.staged(name_or_dir, metadata, files)
-        except (MetadataError, CacheError) as error:
-            raise UsageError(f"dataset '{name_or_dir}': {error}") from None
-        if made:
-            print(f"Preprocessed dataset '{name_or_dir}' into {path} (once "
-                  "for these bytes; the dataset itself is only read).",
-                  flush=True)
-            for reason in passed_over("datasets"):
-                print(f"The preferred cache was passed over: {reason}.",
-                      flush=True)
-        dataset = staging.open_graphbolt(path).load()
+    (gbrun.data.staging); a dataset that comes with the example
+    (gbrun.data.builtin: `synthetic`, `synthetic-links`), made on first use
+    into that cache and then read as a directory; or else a builtin
+    GraphBolt dataset, downloaded from DGL under `data_root` on first use
+    and loaded as GraphBolt ships it."""
+    directory = dataset_directory(name_or_dir, announce=True)
+    if directory is not None:
+        dataset = load_directory(directory, name_or_dir)
     elif name_or_dir in BUILTIN_DATASETS:
         try:
             dataset = gb.BuiltinDataset(name_or_dir, root=data_root).load()
@@ -71,26 +55,80 @@ def load_dataset(name_or_dir, data_root="datasets"):
             raise UsageError(
                 f"could not fetch dataset '{name_or_dir}' into "
                 f"'{data_root}' ({type(error).__name__}: {error}); offline, "
-                "make one with scripts/make_synthetic_dataset.py DIR and pass "
-                "--dataset DIR"
+                "--dataset synthetic trains on a graph that comes with the "
+                "example"
             ) from None
     else:
         raise UsageError(
-            f"--dataset '{name_or_dir}' is neither a builtin dataset "
-            f"({', '.join(BUILTIN_DATASETS)}) nor a directory"
+            f"--dataset '{name_or_dir}' is neither a directory nor a builtin "
+            f"dataset ({', '.join([*builtin.MADE, *BUILTIN_DATASETS])})"
         )
     if not dataset.tasks:
         raise UsageError(f"dataset '{name_or_dir}' defines no task")
     return dataset
 
 
+def dataset_directory(name_or_dir, announce=False):
+    """The directory --dataset `name_or_dir` names: itself where it is one
+    (also where a builtin has that name: a directory of the working
+    directory wins, as for any path), or the builtin's, made in gbrun's
+    cache now if missing (gbrun.data.builtin); None for GraphBolt's
+    builtins. `announce`: say which where it could be either, and where a
+    builtin was made."""
+    if os.path.isdir(name_or_dir):
+        if announce and name_or_dir in builtin.MADE:
+            print(f"--dataset {name_or_dir}: the directory "
+                  f"{os.path.abspath(name_or_dir)}, not the builtin dataset of "
+                  "that name (pass it from another directory for that one)",
+                  flush=True)
+        return name_or_dir
+    if name_or_dir not in builtin.MADE:
+        return None
+    try:
+        directory, made = builtin.directory(name_or_dir)
+    except CacheError as error:
+        raise UsageError(f"dataset '{name_or_dir}': {error}") from None
+    if made and announce:
+        same = " ".join(["make_synthetic_dataset.py DIR", builtin.options(name_or_dir)])
+        print(f"Made the builtin dataset '{name_or_dir}' in {directory} (once; "
+              f"{same.strip()} writes the same bytes).", flush=True)
+    return directory
+
+
+def load_directory(directory, name):
+    """The OnDiskDataset in `directory` (--dataset `name`), staged into
+    gbrun's cache and loaded."""
+    if not os.path.isfile(os.path.join(directory, METADATA_FILE)):
+        other = (f" (for the builtin dataset '{name}', run from another "
+                 "directory)" if name in BUILTIN_DATASETS else "")
+        raise UsageError(
+            f"--dataset '{name}' is a directory without metadata.yaml, so it "
+            f"is not a GraphBolt OnDiskDataset{other}"
+        )
+    try:
+        metadata = read_metadata(directory)
+        files = fingerprint.fingerprint(directory, metadata)
+        path, made = staging.staged(directory, metadata, files)
+    except (MetadataError, CacheError) as error:
+        raise UsageError(f"dataset '{name}': {error}") from None
+    if made:
+        print(f"Preprocessed dataset '{name}' into {path} (once "
+              "for these bytes; the dataset itself is only read).",
+              flush=True)
+        for reason in passed_over("datasets"):
+            print(f"The preferred cache was passed over: {reason}.",
+                  flush=True)
+    return staging.open_graphbolt(path, preprocessed=True).load()
+
+
 def dataset_identity(name_or_dir):
     """How a checkpoint names its dataset, by content: {file in the
     dataset: its size and SHA-256} (gbrun.data.fingerprint), for a
-    directory or a file (DGL partitions' config); a builtin's name."""
-    if os.path.isdir(name_or_dir):
-        files = fingerprint.fingerprint(name_or_dir,
-                                        read_metadata(name_or_dir))
+    directory, a builtin made here (by its bytes, not its name), or a file
+    (DGL partitions' config); a GraphBolt builtin's name."""
+    directory = dataset_directory(name_or_dir)
+    if directory is not None:
+        files = fingerprint.fingerprint(directory, read_metadata(directory))
     elif os.path.isfile(name_or_dir):
         files = {os.path.basename(name_or_dir): "{}:{}".format(
             os.path.getsize(name_or_dir), fingerprint.file_digest(name_or_dir))}

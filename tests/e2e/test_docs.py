@@ -72,6 +72,7 @@ FENCE = re.compile(r"^```(\S*)\s*$")
 NOT_RUN = re.compile(
     r"^(python3? -m venv |(\S*/)?pip3? install |(\S*/)?python3? -m pytest |pytest )"
 )
+TEST_SUITE = re.compile(r"^((\S*/)?python3? -m pytest |pytest )")
 NUMBER = re.compile(r"\d+(?:\.\d+)?")
 # Fields whose figures depend on the machine: never compared.
 UNCOMPARED = re.compile(r"(Time|Seeds/s|Data Wait)\s*$")
@@ -184,12 +185,45 @@ def logical_lines(text):
         yield group
 
 
+def after_installs(command):
+    """A command line without its leading install steps: the README's
+    `python3 -m venv .venv && .venv/bin/pip install ... && CMD` runs CMD
+    (these tests run in that environment already, which `.venv` links to:
+    making it again there would rewrite the suite's own). "" where nothing
+    else is left."""
+    parts = command.split(" && ")
+    while parts and NOT_RUN.match(parts[0].strip()) and not TEST_SUITE.match(parts[0].strip()):
+        parts.pop(0)
+    return " && ".join(parts)
+
+
+def readme_lines(pattern):
+    """The README's command lines that match `pattern`."""
+    text = open(os.path.join(REPO, "README.md")).read()
+    return [line for line in text.splitlines() if re.search(pattern, line)]
+
+
+def test_ci_runs_the_readme_test_line_as_written():
+    """The README's one-line install-and-test command is .ci/run's, word
+    for word; its train line is one line too (run as written below, after
+    its install steps)."""
+    test_line, = readme_lines(r"-m pytest -q tests$")
+    assert test_line.startswith("python3 -m venv .venv && "), test_line
+    ci_lines = open(os.path.join(REPO, ".ci", "run")).read().splitlines()
+    assert test_line in ci_lines, f".ci/run does not run the README's {test_line!r}"
+    train_line, = readme_lines(r"^python3 -m venv .venv && .* node_classification.py ")
+    assert after_installs(train_line).startswith(".venv/bin/python node_classification.py ")
+
+
 def bash_script(block):
     """(script to run, whether it needs root) of a bash block."""
     kept, needs_root = [], False
     for group in logical_lines(block.text):
         command = group[0].strip()
-        if NOT_RUN.match(command):
+        if len(group) == 1:
+            group = [after_installs(command)]
+            command = group[0]
+        if not command or NOT_RUN.match(command):
             continue
         if command.startswith("sudo "):
             needs_root = True

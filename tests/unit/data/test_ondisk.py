@@ -665,7 +665,7 @@ def test_synthetic_is_deterministic_per_seed(tmp_path):
 
 
 def test_synthetic_edges_are_homophilous(tmp_path):
-    import make_synthetic_dataset as synthetic
+    from gbrun.data import synthetic
 
     edges, features, labels = synthetic.make_dataset(2000, 10, 16, 10, seed=0)
     same = (labels[edges[0]] == labels[edges[1]]).mean()
