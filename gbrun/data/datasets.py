@@ -49,23 +49,37 @@ def load_dataset(name_or_dir, data_root="datasets"):
     if directory is not None:
         dataset = load_directory(directory, name_or_dir)
     elif name_or_dir in BUILTIN_DATASETS:
-        try:
-            dataset = gb.BuiltinDataset(name_or_dir, root=data_root).load()
-        except Exception as error:
-            raise UsageError(
-                f"could not fetch dataset '{name_or_dir}' into "
-                f"'{data_root}' ({type(error).__name__}: {error}); offline, "
-                "--dataset synthetic trains on a graph that comes with the "
-                "example"
-            ) from None
+        dataset = load_directory(downloaded(name_or_dir, data_root),
+                                 name_or_dir)
     else:
         raise UsageError(
-            f"--dataset '{name_or_dir}' is neither a directory nor a builtin "
-            f"dataset ({', '.join([*builtin.MADE, *BUILTIN_DATASETS])})"
+            f"--dataset '{name_or_dir}' is neither a builtin dataset "
+            f"({', '.join([*COMES_WITH, *BUILTIN_DATASETS])}) nor a directory"
         )
     if not dataset.tasks:
         raise UsageError(f"dataset '{name_or_dir}' defines no task")
     return dataset
+
+
+def downloaded(name, data_root):
+    """The directory of GraphBolt's builtin dataset `name` under
+    `data_root`, downloaded from DGL first where it is missing. It is then
+    read as any directory is (load_directory): by its metadata.yaml and
+    the raw files it names, never by a `preprocessed/` found there (an
+    archive's, or one planted by whoever can write `data_root`), whose
+    pickles would run code."""
+    directory = os.path.join(data_root, name)
+    if not os.path.lexists(directory):
+        try:
+            # Downloads and extracts; the dataset it returns is not loaded.
+            gb.BuiltinDataset(name, root=data_root)
+        except Exception as error:
+            raise UsageError(
+                f"could not fetch dataset '{name}' into '{data_root}' "
+                f"({type(error).__name__}: {error}); offline, --dataset "
+                "synthetic trains on a graph that comes with the example"
+            ) from None
+    return directory
 
 
 def dataset_directory(name_or_dir, announce=False):
@@ -99,11 +113,12 @@ def load_directory(directory, name):
     """The OnDiskDataset in `directory` (--dataset `name`), staged into
     gbrun's cache and loaded."""
     if not os.path.isfile(os.path.join(directory, METADATA_FILE)):
+        where = "" if directory == name else f" ({directory})"
         other = (f" (for the builtin dataset '{name}', run from another "
-                 "directory)" if name in BUILTIN_DATASETS else "")
+                 "directory)" if name in BUILTIN_DATASETS and not where else "")
         raise UsageError(
-            f"--dataset '{name}' is a directory without metadata.yaml, so it "
-            f"is not a GraphBolt OnDiskDataset{other}"
+            f"--dataset '{name}'{where} is a directory without metadata.yaml, "
+            f"so it is not a GraphBolt OnDiskDataset{other}"
         )
     try:
         metadata = read_metadata(directory)

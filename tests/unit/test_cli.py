@@ -256,7 +256,7 @@ def test_builtin_download_failure_says_how_to_run_offline(
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert "could not fetch dataset 'cora'" in error
-    assert "scripts/make_synthetic_dataset.py" in error
+    assert "offline, --dataset synthetic trains on a graph that comes with the example" in error
 
 
 def two_types(small_dataset, tmp_path):

@@ -267,3 +267,32 @@ def test_the_cache_is_made_private(tmp_path):
         "datasets", env={"GBRUN_CACHE": str(tmp_path / "new")})
     for made in (tmp_path / "new", path):
         assert os.stat(made).st_mode & 0o777 == 0o700
+
+
+class Planted:
+    """A pickle that, loaded, leaves a file: what a planted preprocessed
+    graph could run."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_builtin_name_never_loads_a_preprocessed_dir_found_under_data_root(
+        tmp_path, cache):
+    """--dataset cora with a datasets/cora/ someone else wrote (GraphBolt's
+    own preprocessed/ in it, its graph a pickle that runs a command): read
+    as a directory, from its raw files; nothing run, nothing downloaded."""
+    import torch
+    from gbrun.graphbolt import gb
+
+    root = tmp_path / "datasets"
+    planted = write_dataset(root / "cora")
+    gb.OnDiskDataset(str(planted)).load()  # GraphBolt's preprocessed/, in it
+    marker = tmp_path / "ran"
+    torch.save(Planted(marker), planted / "preprocessed" / "fused_csc_sampling_graph.pt")
+    loaded = gbrun.data.datasets.load_dataset("cora", str(root))
+    assert loaded.graph.total_num_nodes == NUM_NODES
+    assert not marker.exists()
