@@ -11,19 +11,32 @@ change: device, inode, size, modification and status-change times (ctime,
 which no user call can set back). A file is read again only after such a
 change, or at a new path.
 
-What this can miss: a write that leaves size, mtime and ctime as they were,
-which takes resetting the system clock or writing the disk below the file
-system."""
+A digest is kept only for a file last changed more than RACY_S seconds
+before it was read (git's "racy clean" rule): a write in the same clock
+tick as the change before it leaves the times as they were, so a file
+changed that recently is read again at each launch until it is quiet.
+What this can still miss: a write through a shared memory map
+(np.load(..., mmap_mode="r+")) into a page that process had already
+written and the kernel had not yet written back, which updates no time at
+all; such a map open across a launch is an edit gbrun cannot see (close it,
+or touch the file, before training).
+"""
 import hashlib
 import os
+import time
 
 from .. import cache
 from .metadata import METADATA_FILE, checked_files
 
 
+# Seconds a file must have been quiet before its digest is kept.
+RACY_S = 2.0
+
+
 def file_digest(path):
     """The SHA-256 of the file at `path` (hex), from the cache where the
     file has not changed since it was read (see the module docstring)."""
+    started = time.time()
     status = os.stat(path)
     key = (f"{status.st_dev}:{status.st_ino}:{status.st_size}:"
            f"{status.st_mtime_ns}:{status.st_ctime_ns}")
@@ -36,6 +49,8 @@ def file_digest(path):
         pass
     with open(path, "rb") as f:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
+    if started - max(status.st_mtime, status.st_ctime) <= RACY_S:
+        return digest  # changed too recently to trust its times later
     # Whole or not at all: written under a name of its own, then renamed.
     temporary = f"{entry}.{os.getpid()}"
     with open(temporary, "w") as f:

@@ -3,10 +3,12 @@ a numpy array (or, for the graph's edges, a CSV table) inside the dataset
 directory, or the dataset is refused in one line naming the entry.
 
 GraphBolt would also load a `format: torch` entry, and its own
-preprocessed graph, with torch.load (a pickle, which runs code), and joins
-each `path` to the directory unchecked (absolute paths, `..`). gbrun hands
-GraphBolt only what is checked here (gbrun.data.staging), so a dataset from
-someone else cannot run code or read files outside its directory."""
+preprocessed graph, with torch.load (a pickle, which runs code), joins
+each `path` to the directory unchecked (absolute paths, `..`), and copies
+each entry X to preprocessed/X (over an entry that is preprocessed/X, or
+through a link). gbrun hands GraphBolt only copies of what is checked here
+(gbrun.data.staging), so a dataset from someone else cannot run code, read
+files outside its directory or have anything written into it."""
 import os
 
 import numpy as np
@@ -52,13 +54,20 @@ def file_entries(metadata, where=""):
             yield from file_entries(value, f"{where}[{i}]")
 
 
+# GraphBolt writes its copy of a dataset there: an entry inside would be
+# written over by the copy of another.
+PREPROCESSED = "preprocessed"
+
+
 def checked_files(directory, metadata):
     """{path relative to `directory`: where it is named} of every file
     `metadata` names, each checked: a relative path inside `directory`
-    (also once symlinks are resolved), a regular file, in a format that is
-    data (FORMATS), a .npy file holding no Python objects."""
+    (also once symlinks are resolved) through no symlink, not under
+    preprocessed/, a regular file named by one path (no two entries the
+    same file), in a format that is data (FORMATS), a .npy file holding no
+    Python objects."""
     root = os.path.realpath(directory)
-    files = {}
+    files, seen = {}, {}
     for where, entry in file_entries(metadata):
         path, fmt = entry.get("path"), entry.get("format", "numpy")
         name = f"metadata.yaml's {where} (path {path!r})"
@@ -77,12 +86,37 @@ def checked_files(directory, metadata):
         if relative.split(os.sep)[0] == os.pardir or os.path.commonpath(
                 [root, full]) != root:
             raise MetadataError(f"{name} leads outside the dataset directory")
+        linked = next((part for part in _prefixes(root, relative)
+                       if os.path.islink(part)), None)
+        if linked is not None:
+            raise MetadataError(
+                f"{name} goes through the symlink {os.path.relpath(linked, root)}: "
+                "gbrun follows no link inside a dataset (one could be swapped for "
+                "another while it reads); put the file itself there")
+        if relative.split(os.sep)[0] == PREPROCESSED:
+            raise MetadataError(
+                f"{name} lies under {PREPROCESSED}/, where GraphBolt writes its "
+                "copy of the dataset; move it elsewhere in the dataset")
         if not os.path.isfile(full):
             raise MetadataError(f"{name}: no such file in the dataset")
+        status = os.stat(full)
+        first, first_name = seen.setdefault((status.st_dev, status.st_ino),
+                                            (relative, name))
+        if first != relative:  # another path to the same file (a link)
+            raise MetadataError(f"{name} is the file {first_name} names too "
+                                "(a link): name each file by one path")
         if fmt == "numpy":
             check_npy(full, name)
         files[relative] = where
     return files
+
+
+def _prefixes(root, relative):
+    """root/a, root/a/b, ... root/relative."""
+    path = root
+    for part in relative.split(os.sep):
+        path = os.path.join(path, part)
+        yield path
 
 
 def check_npy(path, name):

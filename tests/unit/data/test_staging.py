@@ -11,6 +11,8 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -106,8 +108,9 @@ def test_a_copy_is_the_same_dataset_and_a_rewrite_is_another(tmp_path, cache):
     assert len(staged_dirs(cache)) == 2
 
 
-def test_a_digest_is_read_again_once_the_file_changed(tmp_path, cache):
+def test_a_digest_is_read_again_once_the_file_changed(tmp_path, cache, monkeypatch):
     # Same size, mtime set back: the status-change time still moves.
+    monkeypatch.setattr(fingerprint, "RACY_S", -1.0)  # keep every digest
     path = tmp_path / "a.npy"
     np.save(path, np.zeros(8))
     first = fingerprint.file_digest(str(path))
@@ -296,3 +299,127 @@ def test_a_builtin_name_never_loads_a_preprocessed_dir_found_under_data_root(
     loaded = gbrun.data.datasets.load_dataset("cora", str(root))
     assert loaded.graph.total_num_nodes == NUM_NODES
     assert not marker.exists()
+
+
+def test_a_digest_of_a_file_changed_a_moment_ago_is_not_kept(tmp_path, cache, monkeypatch):
+    """A write in the same clock tick as the one before leaves the times as
+    they were: a file that recent is read again until it is quiet."""
+    path = tmp_path / "a.npy"
+    np.save(path, np.zeros(8))
+    fingerprint.file_digest(str(path))
+    assert not (cache / "digests").exists() or os.listdir(cache / "digests") == []
+    later = time.time() + fingerprint.RACY_S + 1
+    monkeypatch.setattr(fingerprint.time, "time", lambda: later)
+    fingerprint.file_digest(str(path))
+    assert len(os.listdir(cache / "digests")) == 1
+
+
+def test_entries_under_preprocessed_or_naming_one_file_twice_are_refused(tmp_path, cache):
+    """GraphBolt copies each entry X into preprocessed/X: an entry that is
+    preprocessed/X would be written over, in the dataset; a link naming one
+    file under two paths, alike; and a symlink inside the dataset, which
+    another user could swap while it is read, is not followed."""
+    dataset = write_dataset(tmp_path / "x")
+    meta = yaml.safe_load((dataset / "metadata.yaml").read_text())
+    name = meta["feature_data"][0]["path"]
+    (dataset / "preprocessed").mkdir()
+    shutil.copyfile(dataset / name, dataset / "preprocessed" / name)
+    os.link(dataset / name, dataset / "alias.npy")
+    os.symlink(name, dataset / "symlinked.npy")  # inside, but a link
+
+    def second_feature(path):
+        def edit(data):
+            data["feature_data"].append({**data["feature_data"][0], "name": "again",
+                                         "path": path})
+        return edit
+
+    for path, message in ((f"preprocessed/{name}", "lies under preprocessed/, where "
+                           "GraphBolt writes its copy of the dataset"),
+                          ("alias.npy", "is the file metadata.yaml's feature_data[0]"),
+                          ("symlinked.npy", "goes through the symlink symlinked.npy: gbrun "
+                           "follows no link inside a dataset")):
+        before = snapshot(dataset)
+        edit_metadata(dataset, second_feature(path))
+        with pytest.raises(UsageError) as refused:
+            gbrun.data.datasets.load_dataset(str(dataset))
+        assert message in str(refused.value) and "\n" not in str(refused.value)
+        (dataset / "metadata.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
+        after = snapshot(dataset)
+        assert {k: v for k, v in after.items() if k != "metadata.yaml"} == {
+            k: v for k, v in before.items() if k != "metadata.yaml"}
+
+
+def test_a_dataset_changed_after_its_fingerprint_leaves_no_entry_under_that_name(
+        tmp_path, cache):
+    """Replaced by rename between the fingerprint and the copy (what --force
+    does): refused, and nothing is cached under the old content's name."""
+    dataset = write_dataset(tmp_path / "x")
+    meta = metadata.read_metadata(str(dataset))
+    files = fingerprint.fingerprint(str(dataset), meta)
+    write_dataset(tmp_path / "y", seed=1)
+    for name in os.listdir(tmp_path / "y"):
+        if name != "metadata.yaml":
+            os.replace(tmp_path / "y" / name, dataset / name)
+    from gbrun.data import staging
+
+    with pytest.raises(metadata.MetadataError, match="changed while it was being read"):
+        staging.staged(str(dataset), meta, files)
+    assert staged_dirs(cache) == []
+
+
+def renameat2_exchange(a, b):
+    """renameat2(RENAME_EXCHANGE): swaps two paths in one step."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd, exchange = -100, 2
+    return libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), exchange)
+
+
+@pytest.mark.slow
+def test_a_directory_swapped_for_a_symlink_while_staging_is_never_followed(tmp_path, cache):
+    """Another user swaps a directory of the dataset with a symlink to a
+    directory of their own, in a loop, while the dataset is staged: each
+    load either reads the dataset's own bytes or is refused in one line;
+    the outside file is never read, nor anything written there."""
+    rng = np.random.default_rng(0)
+    features = rng.random((NUM_NODES, 4), dtype=np.float32)
+    dataset = write_dataset(tmp_path / "x")
+    meta = yaml.safe_load((dataset / "metadata.yaml").read_text())
+    (dataset / "feat").mkdir()
+    np.save(dataset / "feat" / "f.npy", features)
+    meta["feature_data"][0]["path"] = "feat/f.npy"
+    (dataset / "metadata.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    np.save(outside / "f.npy", np.full((NUM_NODES, 4), 7, dtype=np.float32))
+    os.symlink(outside, tmp_path / "swap")
+    before = snapshot(outside)
+    stop = threading.Event()
+
+    def swap():
+        while not stop.is_set():
+            renameat2_exchange(dataset / "feat", tmp_path / "swap")
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    outcomes = []
+    try:
+        for attempt in range(20):
+            shutil.rmtree(cache, ignore_errors=True)
+            try:
+                loaded = gbrun.data.datasets.load_dataset(str(dataset))
+            except UsageError as refused:
+                assert "\n" not in str(refused)
+                outcomes.append("refused")
+                continue
+            read = loaded.feature.read("node", None, "feat")
+            assert not (read == 7).all(), f"attempt {attempt} read the outside file"
+            np.testing.assert_array_equal(read.numpy(), features)
+            outcomes.append("loaded")
+    finally:
+        stop.set()
+        swapper.join()
+    assert snapshot(outside) == before
+    assert len(outcomes) == 20
+    print("outcomes:", {kind: outcomes.count(kind) for kind in set(outcomes)})
