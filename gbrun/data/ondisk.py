@@ -22,14 +22,19 @@ multi-hot labels and values float32):
     out_dir/{train,valid,test}_seed_nodes.npy and _labels.npy
     out_dir/{train,valid,test}_node_pairs.npy   with a link task (E, 2)
     out_dir/{valid,test}_negative_dsts.npy      and (E, K) (gbrun.data.links)
+    out_dir/gbrun-written.json        {file: "size:sha256"} of each file
+                                      above: what --force may replace
 
-Load it with `gb.OnDiskDataset(out_dir).load()`. GraphBolt then adds a
-`preprocessed/` folder inside out_dir on first load; that is expected.
+Load it with gbrun.data.datasets.load_dataset(out_dir) (GraphBolt's own
+`gb.OnDiskDataset(out_dir).load()` would add a `preprocessed/` folder
+inside out_dir, which --force then refuses to remove).
 
 Every problem with the inputs raises gbrun.data.inputs.DatasetError with
 one line that names the input, the problem and an example bad value.
 """
 
+import hashlib
+import json
 import os
 import re
 import secrets
@@ -175,21 +180,19 @@ def _write_files(directory, edges, features, labels, splits, metadata,
         yaml.safe_dump(metadata, f, sort_keys=False)
 
 
-# What a directory this module wrote holds (and GraphBolt's preprocessed/,
-# which dgl wrote into datasets before gbrun.data.staging): --force replaces
-# such a directory, and nothing else.
-WRITTEN = re.compile(
-    r"^(metadata\.yaml|edges(_\d+)?\.npy|node_feat(_\d+)?\.npy|node_label\.npy"
-    r"|(train|valid|test)_(seed_nodes|labels|node_pairs)\.npy|(valid|test)_negative_dsts\.npy"
-    r"|preprocessed)$")
+# Beside a dataset this module wrote: {file: "size:sha256"} of every file
+# it wrote there. --force replaces a directory only if it holds just those
+# files with those bytes.
+MANIFEST = "gbrun-written.json"
 
 
 def check_out_dir(out_dir, force, inputs=()):
     """Refuses (DatasetError) to write `out_dir` where it exists, unless
-    `force` and it is a dataset this module wrote: a directory holding
-    metadata.yaml and only the files written here, none of them `inputs`
-    (paths the caller reads), and neither the home directory, a mount
-    point, nor the current directory or one above it."""
+    `force` and it is a dataset this module wrote, unchanged (its MANIFEST
+    names every file it holds, with their sizes and hashes; nothing else
+    there), none of them `inputs` (paths the caller reads), and neither
+    the home directory, a mount point of any kind, nor the current
+    directory or one above it."""
     if not os.path.lexists(out_dir):
         return
     if not force:
@@ -203,21 +206,68 @@ def check_out_dir(out_dir, force, inputs=()):
         refuse = "it is the home directory"
     elif os.path.islink(out_dir) or not os.path.isdir(out_dir):
         refuse = "it is not a directory"
-    elif os.path.ismount(target):
+    elif _is_mount_point(target):
         refuse = "it is a mount point"
-    elif not os.path.isfile(os.path.join(target, "metadata.yaml")):
-        refuse = "it holds no metadata.yaml, so it is not a dataset"
     else:
-        others = sorted(name for name in os.listdir(target) if not WRITTEN.match(name))
+        refuse = _not_as_written(target)
         inside = [path for path in inputs if os.path.realpath(path).startswith(target + os.sep)]
-        if others:
-            shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
-            refuse = f"it holds files this script does not write ({shown})"
-        elif inside:
+        if refuse is None and inside:
             refuse = f"it holds this command's input {inside[0]}"
     if refuse:
         raise DatasetError(f"{out_dir}: --force replaces only a dataset this project wrote, "
                            f"and {refuse}; nothing was removed")
+
+
+def _is_mount_point(path):
+    """Whether `path` is a mount point: of another file system (st_dev), or
+    a bind mount of the same one (listed in the mount table)."""
+    if os.path.ismount(path):
+        return True
+    try:
+        with open("/proc/self/mountinfo") as table:
+            points = {line.split()[4] for line in table}
+    except OSError:
+        return False
+    # The table escapes spaces and the like as octal (\040).
+    return any(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point) == path
+               for point in points)
+
+
+def _not_as_written(target):
+    """Why `target` is not a dataset this module wrote, unchanged since
+    (None where it is)."""
+    try:
+        with open(os.path.join(target, MANIFEST)) as f:
+            written = json.load(f)
+    except FileNotFoundError:
+        return (f"it holds no {MANIFEST}, the record of what gbrun wrote there"
+                " (remove it yourself if it is yours to remove)")
+    except (OSError, ValueError) as error:
+        return f"its {MANIFEST} cannot be read ({error})"
+    others = sorted(set(os.listdir(target)) - set(written) - {MANIFEST})
+    if others:
+        shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+        return f"it holds files this script does not write ({shown})"
+    for name, recorded in sorted(written.items()):
+        path = os.path.join(target, name)
+        if not os.path.isfile(path) or os.path.islink(path):
+            return f"{name} is not the regular file gbrun wrote"
+        if _size_and_digest(path) != recorded:
+            return f"{name} changed since gbrun wrote it"
+    return None
+
+
+def _size_and_digest(path):
+    with open(path, "rb") as f:
+        return f"{os.fstat(f.fileno()).st_size}:{hashlib.file_digest(f, 'sha256').hexdigest()}"
+
+
+def _write_manifest(directory):
+    """Records every file in `directory` (what a writer just wrote)."""
+    written = {name: _size_and_digest(os.path.join(directory, name))
+               for name in sorted(os.listdir(directory))}
+    with open(os.path.join(directory, MANIFEST), "x") as f:
+        json.dump(written, f, indent=1, sort_keys=True)
 
 
 def _make_sibling_dir(parent, prefix):
@@ -246,6 +296,7 @@ def _write_atomically(out_dir, force, write, inputs=()):
     old_dir = None
     try:
         write(tmp_dir)
+        _write_manifest(tmp_dir)
         check_out_dir(out_dir, force, inputs)  # again: it may have appeared meanwhile
         if os.path.lexists(out_dir):
             old_dir = _make_sibling_dir(parent, f".{base}.old-")

@@ -421,42 +421,82 @@ def test_bad_split_arguments(tmp_path, args, message):
 
 
 def test_existing_dir_refused_then_replaced_with_force(tmp_path):
-    paths, _ = make_inputs(tmp_path)
+    paths, arrays = make_inputs(tmp_path)
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "metadata.yaml").write_text("old")
+    _write_small_dataset(out, arrays, force=False)
+    before = os.stat(out / "metadata.yaml").st_ino
     refused = run(CONVERT, out, *convert_args(paths))
     assert refused.returncode == 2 and "already exists" in refused.stderr
-    assert (out / "metadata.yaml").read_text() == "old"
+    assert os.stat(out / "metadata.yaml").st_ino == before
 
     replaced = run(CONVERT, out, *convert_args(paths), "--force")
     assert replaced.returncode == 0, replaced.stderr
-    assert (out / "metadata.yaml").read_text() != "old"
+    assert os.stat(out / "metadata.yaml").st_ino != before  # a new file
     assert leftovers(tmp_path) == []
 
 
+def _written(out, arrays):
+    _write_small_dataset(out, arrays, force=False)
+
+
 @pytest.mark.parametrize("make, reason", [
-    (lambda out: (out / "notes.txt").write_text("mine"),
-     "it holds no metadata.yaml, so it is not a dataset"),
-    (lambda out: [(out / "metadata.yaml").write_text("old"),
-                  (out / "notes.txt").write_text("mine")],
+    # Not written by these scripts: nothing records what is there.
+    (lambda out, arrays: (out.mkdir(), (out / "notes.txt").write_text("mine")),
+     "it holds no gbrun-written.json, the record of what gbrun wrote there"),
+    (lambda out, arrays: (out.mkdir(), (out / "metadata.yaml").write_text("mine"),
+                          (out / "edges.npy").write_bytes(b"x")),
+     "it holds no gbrun-written.json"),
+    # Written by them, then a user's file or directory added, or a file
+    # changed.
+    (lambda out, arrays: (_written(out, arrays), (out / "notes.txt").write_text("mine")),
      "it holds files this script does not write (notes.txt)"),
-    (lambda out: (out / "edges.npy").write_bytes(b"x"),
-     "it holds no metadata.yaml"),
+    (lambda out, arrays: (_written(out, arrays), (out / "node_feat_3.npy").mkdir(),
+                          (out / "node_feat_3.npy" / "mine").write_text("mine")),
+     "it holds files this script does not write (node_feat_3.npy)"),
+    (lambda out, arrays: (_written(out, arrays), (out / "preprocessed").mkdir(),
+                          (out / "preprocessed" / "mine").write_text("mine")),
+     "it holds files this script does not write (preprocessed)"),
+    (lambda out, arrays: (_written(out, arrays), (out / "edges.npy").write_bytes(b"mine")),
+     "edges.npy changed since gbrun wrote it"),
 ])
 def test_force_replaces_only_a_dataset_it_wrote(tmp_path, make, reason):
     # A user's directory given by mistake keeps every file.
-    paths, _ = make_inputs(tmp_path)
+    paths, arrays = make_inputs(tmp_path)
     out = tmp_path / "out"
-    out.mkdir()
-    make(out)
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    make(out, arrays)
+    before = snapshot_tree(out)
     result = run(CONVERT, out, *convert_args(paths), "--force")
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and reason in lines[0] and "nothing was removed" in lines[0], lines
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert snapshot_tree(out) == before
     assert leftovers(tmp_path) == []
+
+
+def snapshot_tree(directory):
+    return {str(path.relative_to(directory)): path.read_bytes() if path.is_file() else None
+            for path in sorted(directory.rglob("*"))}
+
+
+@pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
+                    reason="a bind mount needs root (mandatory under CI=true)")
+def test_force_refuses_a_bind_mount_of_the_same_file_system(tmp_path):
+    """A bind mount shares its parent's st_dev: the mount table says it is
+    one. Made in a mount namespace of its own (unshare -m)."""
+    _, arrays = make_inputs(tmp_path)
+    source, out = tmp_path / "source", tmp_path / "out"
+    _write_small_dataset(source, arrays, force=False)
+    out.mkdir()
+    check = ("import sys; from gbrun.data import ondisk, inputs\n"
+             "try:\n    ondisk.check_out_dir(sys.argv[1], True)\n"
+             "except inputs.DatasetError as e:\n    print(e)")
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f'mount --make-rprivate / && mount --bind "$1" "$2" && '
+         f'"{sys.executable}" -c "$3" "$2"', "sh", str(source), str(out), check],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "it is a mount point; nothing was removed" in done.stdout, done.stdout
+    assert os.listdir(out) == []  # the mount was the namespace's only
 
 
 def test_force_refuses_a_dataset_holding_the_commands_input(tmp_path):
@@ -494,8 +534,8 @@ def test_failed_write_leaves_old_dataset_untouched(tmp_path, monkeypatch):
     """A crash mid-write (disk full, Ctrl-C) keeps the previous out_dir."""
     _, arrays = make_inputs(tmp_path)
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "metadata.yaml").write_text("old")
+    _write_small_dataset(out, arrays, force=False)
+    before = snapshot_tree(out)
     real_save = ondisk.save_npy
 
     def save_then_fail(path, array, dtype):
@@ -506,11 +546,10 @@ def test_failed_write_leaves_old_dataset_untouched(tmp_path, monkeypatch):
     monkeypatch.setattr(ondisk, "save_npy", save_then_fail)
     with pytest.raises(OSError, match="disk full"):
         ondisk.write_ondisk_dataset(
-            out, arrays["edges"], arrays["features"], arrays["labels"],
+            out, arrays["edges"], arrays["features"] * 2, arrays["labels"],
             arrays["train"], arrays["val"], arrays["test"], force=True,
         )
-    assert sorted(os.listdir(out)) == ["metadata.yaml"]
-    assert (out / "metadata.yaml").read_text() == "old"
+    assert snapshot_tree(out) == before
     assert leftovers(tmp_path) == []
 
 
@@ -532,8 +571,9 @@ def test_interrupted_swap_keeps_old_dataset(tmp_path, monkeypatch, step, error):
     parent = tmp_path / "datasets"
     parent.mkdir()
     out = parent / "out"
-    out.mkdir()
-    (out / "metadata.yaml").write_text("old")
+    _write_small_dataset(out, arrays, force=False)
+    old = snapshot_tree(out)
+    arrays = {**arrays, "features": arrays["features"] * 2}
     real_rename = os.rename
     seen = []
 
@@ -555,12 +595,10 @@ def test_interrupted_swap_keeps_old_dataset(tmp_path, monkeypatch, step, error):
         _write_small_dataset(out, arrays)
     monkeypatch.undo()
     assert len(seen) == 1, "the simulated failure was not reached"
-    if step == "final rename":
-        assert "metadata.yaml" in seen[0], seen  # it failed at the very last step
-    else:
-        assert seen[0] == ["metadata.yaml"], seen
-    assert sorted(os.listdir(out)) == ["metadata.yaml"]
-    assert (out / "metadata.yaml").read_text() == "old"
+    # The complete new dataset (the very last step failed), or the old one
+    # moved away: the same names either way.
+    assert seen[0] == sorted(old), seen
+    assert snapshot_tree(out) == old
     assert os.listdir(parent) == ["out"]  # no temp or backup dirs
 
 
@@ -681,6 +719,8 @@ def test_synthetic_existing_dir_refused_then_replaced_with_force(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "metadata.yaml").write_text("old")
+    refused = run(SYNTHETIC, out, *args, "--force")  # not the script's
+    assert refused.returncode == 2 and "nothing was removed" in refused.stderr
     refused = run(SYNTHETIC, out, *args)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     lines = refused.stderr.strip().splitlines()
@@ -690,6 +730,9 @@ def test_synthetic_existing_dir_refused_then_replaced_with_force(tmp_path):
     assert (out / "metadata.yaml").read_text() == "old"
     assert sorted(os.listdir(tmp_path)) == ["out"]
 
+    (out / "metadata.yaml").unlink()
+    out.rmdir()
+    assert run(SYNTHETIC, out, *args, "--seed", "1").returncode == 0
     replaced = run(SYNTHETIC, out, *args, "--force")
     assert replaced.returncode == 0, replaced.stderr
     assert "200 nodes" in replaced.stdout
