@@ -10,7 +10,9 @@ import dataclasses
 import multiprocessing.connection
 import os
 import pickle
+import shutil
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -19,6 +21,7 @@ import traceback
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import psutil
 import setproctitle
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -71,13 +74,35 @@ def launch_ranks(run, load_job, args, gpus, num_workers, plan=None):
     spawn(run, plan, args, job)
 
 
+RENDEZVOUS = "gbrun-rendezvous-"
+
+
+def reclaim_rendezvous(root):
+    """Removes the rendezvous directories under `root` that this user's
+    launches left when killed (SIGKILL runs no cleanup): those named after
+    a launcher pid that no longer runs. Another user's, or a symlink, is
+    left alone."""
+    for name in os.listdir(root):
+        pid = name[len(RENDEZVOUS):].split("-")[0]
+        if not name.startswith(RENDEZVOUS) or not pid.isdigit() or psutil.pid_exists(int(pid)):
+            continue
+        path = os.path.join(root, name)
+        info = os.lstat(path)
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def spawn(run, plan, args, job):
     """One process per device; the first SIGTERM or SIGINT asks every rank
     to stop with a checkpoint, a second kills them. Exits non-zero when a
     rank failed, 128 + the signal's number when stopped by one."""
     # The ranks meet through a file in a private directory (mode 0700),
-    # removed when the job ends: nothing listens on the network.
-    with tempfile.TemporaryDirectory(prefix="gbrun-rendezvous-") as meeting:
+    # removed when the job ends: nothing listens on the network. One named
+    # after its launcher, so that a later launch removes what a killed one
+    # could not.
+    reclaim_rendezvous(tempfile.gettempdir())
+    with tempfile.TemporaryDirectory(
+            prefix=f"{RENDEZVOUS}{os.getpid()}-") as meeting:
         plan = dataclasses.replace(plan, init_method=f"file://{meeting}/store")
         os.environ.update(plan.rank_env, GBRUN_COMMAND=launch_command())
         stop_request = mp.get_context("spawn").Value("i", 0)
