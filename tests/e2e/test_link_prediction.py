@@ -101,6 +101,8 @@ def test_link_prediction_learns_and_its_mrr_is_exact_over_ranks(
     assert len(pairs) <= ARGS[ARGS.index("--batch-size") + 1]  # rank 1: none
     embeddings = torch.from_numpy(np.load(out / "embeddings.npy"))
     assert embeddings.dtype == torch.float32 and embeddings.shape == (2000, 256)
+    assert f"Embeddings of 2000 nodes written to {out / 'embeddings.npy'}" in (
+        run.stdout)
 
     module = load_link_example()
     model = module.create_model(32)
