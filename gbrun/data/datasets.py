@@ -85,9 +85,13 @@ def load_dataset(name_or_dir, data_root="datasets"):
 
 
 def dataset_identity(name_or_dir):
-    """How a checkpoint names its dataset, by content: {file in the
-    dataset: its size and SHA-256} (gbrun.data.fingerprint), for a
-    directory or a file (DGL partitions' config); a builtin's name."""
+    """How a checkpoint names its dataset: {"path": where it was read (an
+    absolute path, or a builtin's name), "files": its content}, the content
+    being {file in the dataset: its size and SHA-256}
+    (gbrun.data.fingerprint), for a directory or a file (DGL partitions'
+    config), or a builtin's name. A resume compares the content (the same
+    bytes at another path are the same dataset) and names the path
+    (gbrun.checkpoint.check_key)."""
     if os.path.isdir(name_or_dir):
         files = fingerprint.fingerprint(name_or_dir,
                                         read_metadata(name_or_dir))
@@ -95,12 +99,12 @@ def dataset_identity(name_or_dir):
         files = {os.path.basename(name_or_dir): "{}:{}".format(
             os.path.getsize(name_or_dir), fingerprint.file_digest(name_or_dir))}
     else:
-        return name_or_dir
+        return {"path": name_or_dir, "files": name_or_dir}
     described = {}
     for path, value in files.items():
         size, digest = value.split(":")
         described[path] = f"{size} bytes, sha256 {digest[:12]}"
-    return described
+    return {"path": os.path.abspath(name_or_dir), "files": described}
 
 
 # Where a user with a heterogeneous graph reads what to do.
