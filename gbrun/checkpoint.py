@@ -130,7 +130,8 @@ def start_or_resume(args, key, plan, epochs, lock=None):
     checkpoint, seed = None, args.seed
     if args.resume:
         try:
-            checkpoint, epochs = resumed(args, key, plan.world_size, epochs)
+            checkpoint, epochs = resumed(args, key, plan.world_size, epochs,
+                                         speak=lock)
         except BaseException:
             if held:  # a refusal leaves the directory free at once
                 held.close()
@@ -141,12 +142,13 @@ def start_or_resume(args, key, plan, epochs, lock=None):
                  args.checkpoint_dir, args.log_dir, key, held)
 
 
-def resumed(args, key, world_size, epochs):
+def resumed(args, key, world_size, epochs, speak=True):
     """(the checkpoint --resume continues, the epochs the run trains to):
     checked against `key` (load_checkpoint, check_resume) where the run
     trains; where it only predicts (predicts_only), against the key but
     TRAINING_KEYS, said in one line naming the dataset the model was
-    trained on, and the run's epochs are the checkpoint's."""
+    trained on (where `speak`: by one process of the job), and the run's
+    epochs are the checkpoint's."""
     path = os.path.join(args.checkpoint_dir, CHECKPOINT_FILE)
     checkpoint = read_checkpoint(path)
     if not predicts_only(checkpoint, args, epochs):
@@ -158,12 +160,13 @@ def resumed(args, key, world_size, epochs):
     now = key.get(DATASET_KEY)
     trained = (f"the model of {args.checkpoint_dir}, trained "
                f"{checkpoint['epoch']} epochs on {dataset_named(then)}")
-    if dataset_content(then) == dataset_content(now):
-        print(f"Predicting with {trained}; nothing trains.", flush=True)
-    else:
-        print(f"Predicting on another dataset, {dataset_named(now)} "
-              f"({difference(dataset_content(then), dataset_content(now))}), "
-              f"with {trained}; nothing trains.", flush=True)
+    said = f"Predicting with {trained}; nothing trains."
+    if dataset_content(then) != dataset_content(now):
+        said = (f"Predicting on another dataset, {dataset_named(now)} "
+                f"({difference(dataset_content(then), dataset_content(now))})"
+                f", with {trained}; nothing trains.")
+    if speak:
+        print(said, flush=True)
     return checkpoint, checkpoint["epoch"]
 
 
