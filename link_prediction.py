@@ -388,7 +388,7 @@ def run(rank, plan, args, job):
                         create_pair_loader(pairs, args.batch_size),
                         pairs[1].size(1), device)
 
-    if rank == 0:
+    if rank == 0 and job.start.trains:
         print("Training...")
     train(rank, args, model, optimizer, scheduler, train_loader,
           partial(evaluate_pairs, valid_set), device, progress)
@@ -419,8 +419,6 @@ def load_job(args, plan):
     train_set, valid_set, test_set = datasets.check_link_task(
         dataset, args.dataset, FEATURE_KEYS, TASK
     )
-    datasets.check_train_split(len(train_set), args.batch_size,
-                               plan.world_size)
     if args.precision == "bf16":
         datasets.store_in_bf16(dataset, FEATURE_KEYS)
     in_size = datasets.feature_size(dataset, FEATURE_KEYS)
@@ -428,6 +426,9 @@ def load_job(args, plan):
     fanout = cli.check_fanout(args.fanout, len(model.layers))
     key = resume_key(model, *create_optimizer(model, args), args, fanout)
     start = checkpoint.start_or_resume(args, key, plan, args.epochs)
+    if start.trains:  # all but a --resume --predict of a finished run
+        datasets.check_train_split(len(train_set), args.batch_size,
+                                   plan.world_size)
     return launch.Job(dataset, (train_set, valid_set, test_set), in_size,
                       None, fanout, start)
 

@@ -125,7 +125,8 @@ def resume_key(model, optimizer, scheduler, args, fanout):
     hyperparameters), the dataset (by content), the features and labels read
     and what shapes the data: a checkpoint of anything else is refused in
     one line before a rank starts. "steps", what cuts an epoch
-    into steps, is compared only for a checkpoint saved inside an epoch."""
+    into steps, is compared only for a checkpoint saved inside an epoch; a
+    run that only predicts compares no part in checkpoint.TRAINING_KEYS."""
     return {
         "model": {
             "repr": repr(model),
@@ -409,7 +410,7 @@ def run(rank, plan, args, job):
     valid_loader = progress.evaluation(dataloader(valid_set, False), "validate")
     test_loader = progress.evaluation(dataloader(test_set, False), "test")
 
-    if rank == 0:
+    if rank == 0 and job.start.trains:
         print("Training...")
     train(
         rank, args, model, optimizer, scheduler, train_loader, valid_loader,
@@ -443,9 +444,6 @@ def load_job(args, plan):
     item_sets = datasets.check_dataset(
         dataset, args.dataset, FEATURE_KEYS, LABEL_KEY, LABELS
     )
-    datasets.check_train_split(
-        len(item_sets[0]), args.batch_size, plan.world_size
-    )
     if args.precision == "bf16":
         datasets.store_in_bf16(dataset, FEATURE_KEYS)
     in_size = datasets.feature_size(dataset, FEATURE_KEYS)
@@ -455,6 +453,10 @@ def load_job(args, plan):
     fanout = cli.check_fanout(args.fanout, len(model.layers))
     key = resume_key(model, *create_optimizer(model, args), args, fanout)
     start = checkpoint.start_or_resume(args, key, plan, args.epochs)
+    if start.trains:  # all but a --resume --predict of a finished run
+        datasets.check_train_split(
+            len(item_sets[0]), args.batch_size, plan.world_size
+        )
     return launch.Job(dataset, item_sets, in_size, num_classes, fanout, start)
 
 

@@ -135,14 +135,15 @@ def load_job(args, example, plan, env=os.environ):
     key = example.resume_key(model, *example.create_optimizer(model, args),
                              args, fanout)
     trainers = num_trainers(env, num_machines, samplers)
-    datasets.check_train_split(info["num_train"], args.batch_size,
-                                     trainers)
     # A server's plan is its machine's last trainer's: the job has more.
     # Trainer 0 writes the checkpoints, so it holds the directory's lock.
     start = checkpoint.start_or_resume(
         args, key, dataclasses.replace(plan, world_size=trainers),
         args.epochs, lock=env.get("DGL_ROLE") != "server"
         and plan.rank_offset == 0)
+    if start.trains:  # all but a --resume --predict of a finished run
+        datasets.check_train_split(info["num_train"], args.batch_size,
+                                   trainers)
     # The item sets as on one machine, in the partitions' node ids (an edit
     # may read them: class weights from the training labels).
     item_sets = load_item_sets(os.path.dirname(args.part_config))
@@ -385,7 +386,8 @@ def main(argv=None):
     if plan.rank_offset == 0:
         for notice in plan.notices:
             print(notice)
-        print(f"Training with {plan.world_size} trainers.", flush=True)
+        doing = "Training" if job.start.trains else "Predicting"
+        print(f"{doing} with {plan.world_size} trainers.", flush=True)
     try:
         # The example's run(); on a failure, this trainer ends at once
         # (fail_fast). DGL's exit hook then shuts the servers.

@@ -33,8 +33,14 @@ REQUIRED = {"model", "optimizer", "epoch", "seed", "config"}
 # batch size): compared only for a checkpoint saved inside an epoch, whose
 # resume skips the steps it trained.
 STEPS_KEY = "steps"
-# The part that names the dataset (gbrun.data.datasets.dataset_identity).
+# The part that names the dataset (gbrun.data.datasets.dataset_identity):
+# compared by content, and named by the path it was read from.
 DATASET_KEY = "dataset"
+# The parts that only training reads (the optimizer and its schedule, how
+# batches are sampled and cut, the dropout that runs): a run that trains
+# nothing (--resume --predict of a finished run) does not compare them.
+TRAINING_KEYS = ("optimizer", "scheduler", "fanout", STEPS_KEY, "negatives",
+                 "dropout")
 
 
 @dataclass
@@ -57,6 +63,12 @@ class Start:
 
     def __getstate__(self):
         return dict(self.__dict__, lock=None)
+
+    @property
+    def trains(self):
+        """False for a run that only predicts (--resume --predict of a
+        finished run): it skips what only training needs."""
+        return self.checkpoint is None or self.checkpoint["epoch"] < self.epochs
 
 
 class DirectoryLock:
@@ -95,11 +107,14 @@ def start_or_resume(args, key, plan, epochs, lock=None):
     --log-dir; with --resume, loads the checkpoint and refuses, in one line,
     one that this run cannot continue: made with another `key` (the
     example's resume key, plus the dropout `plan` runs), another number of
-    ranks inside an epoch, another seed, or already at `epochs`. A finished
-    run's checkpoint predicts (--predict) on another dataset, said in one
-    line; training on one is refused. Takes the checkpoint directory's
-    lock (DirectoryLock) where `lock`, by default in the process of global
-    rank 0 (the launcher under mp.spawn), which writes the checkpoints."""
+    ranks inside an epoch, another seed, or already at `epochs`. With
+    --predict, a checkpoint at the end of its run (or at `epochs`) only
+    predicts: nothing trains, whatever `epochs`, and the parts of the key
+    that only training reads (TRAINING_KEYS) are not compared; it may
+    predict on another dataset, said in one line. Takes the checkpoint
+    directory's lock (DirectoryLock) where `lock`, by default in the
+    process of global rank 0 (the launcher under mp.spawn), which writes
+    the checkpoints."""
     key = dict(key, dropout="fused" if plan.fused_dropout else "torch")
     predict = getattr(args, "predict", None)
     for option, directory in (("--checkpoint-dir", args.checkpoint_dir),
@@ -115,7 +130,8 @@ def start_or_resume(args, key, plan, epochs, lock=None):
     checkpoint, seed = None, args.seed
     if args.resume:
         try:
-            checkpoint = resumed(args, key, plan.world_size, epochs)
+            checkpoint, epochs = resumed(args, key, plan.world_size, epochs,
+                                         speak=lock)
         except BaseException:
             if held:  # a refusal leaves the directory free at once
                 held.close()
@@ -126,25 +142,61 @@ def start_or_resume(args, key, plan, epochs, lock=None):
                  args.checkpoint_dir, args.log_dir, key, held)
 
 
-def resumed(args, key, world_size, epochs):
-    """The checkpoint --resume continues (load_checkpoint, check_resume),
-    said in one line where it predicts on another dataset than its own."""
-    predicting = bool(getattr(args, "predict", None))
-    checkpoint = load_checkpoint(args.checkpoint_dir, key, ignore=(
-        DATASET_KEY,) if predicting else ())
-    check_resume(checkpoint, args, world_size, epochs)
+def resumed(args, key, world_size, epochs, speak=True):
+    """(the checkpoint --resume continues, the epochs the run trains to):
+    checked against `key` (load_checkpoint, check_resume) where the run
+    trains; where it only predicts (predicts_only), against the key but
+    TRAINING_KEYS, said in one line naming the dataset the model was
+    trained on (where `speak`: by one process of the job), and the run's
+    epochs are the checkpoint's."""
+    path = os.path.join(args.checkpoint_dir, CHECKPOINT_FILE)
+    checkpoint = read_checkpoint(path)
+    if not predicts_only(checkpoint, args, epochs):
+        check_key(checkpoint, key, path)
+        check_resume(checkpoint, args, world_size, epochs)
+        return checkpoint, epochs
+    check_key(checkpoint, key, path, ignore=TRAINING_KEYS + (DATASET_KEY,))
     then = checkpoint["config"].get(DATASET_KEY)
-    if then != key.get(DATASET_KEY):
-        other = difference(then, key.get(DATASET_KEY))
-        if checkpoint["epoch"] < epochs:
-            raise UsageError(
-                f"checkpoint in '{args.checkpoint_dir}' was made with "
-                f"another dataset ({other}): it predicts on this one "
-                "once its run is finished (--predict), but trains on "
-                "none but its own")
-        print(f"Predicting with the model trained on another dataset "
-              f"({other}).", flush=True)
-    return checkpoint
+    now = key.get(DATASET_KEY)
+    trained = (f"the model of {args.checkpoint_dir}, trained "
+               f"{checkpoint['epoch']} epochs on {dataset_named(then)}")
+    said = f"Predicting with {trained}; nothing trains."
+    if dataset_content(then) != dataset_content(now):
+        said = (f"Predicting on another dataset, {dataset_named(now)} "
+                f"({difference(dataset_content(then), dataset_content(now))})"
+                f", with {trained}; nothing trains.")
+    if speak:
+        print(said, flush=True)
+    return checkpoint, checkpoint["epoch"]
+
+
+def predicts_only(checkpoint, args, epochs):
+    """True for --resume --predict of a checkpoint with nothing left to
+    train: saved at the end of the epochs its run was asked for (so
+    --epochs need not repeat them), or at `epochs`."""
+    if not getattr(args, "predict", None):
+        return False
+    done = checkpoint["epoch"]
+    finished = not checkpoint.get("step") and done >= checkpoint.get(
+        "epochs", epochs)
+    return finished or done >= epochs
+
+
+def dataset_content(identity):
+    """What a resume key's dataset is compared by: its files' sizes and
+    digests (gbrun.data.datasets.dataset_identity), or the whole identity
+    of a checkpoint that predates its path."""
+    if isinstance(identity, dict) and "files" in identity:
+        return identity["files"]
+    return identity
+
+
+def dataset_named(identity):
+    """The dataset of a resume key as a user names it: the path it was
+    read from (or a builtin's name)."""
+    if isinstance(identity, dict) and "path" in identity:
+        return repr(identity["path"])
+    return "a dataset whose path was not recorded"
 
 
 def writable_directory(option, directory):
@@ -161,7 +213,19 @@ def writable_directory(option, directory):
 
 
 def load_checkpoint(directory, config, ignore=()):
+    """The checkpoint in `directory`, once read (read_checkpoint) and
+    checked against the resume key `config` but the parts in `ignore`
+    (check_key)."""
     path = os.path.join(directory, CHECKPOINT_FILE)
+    checkpoint = read_checkpoint(path)
+    check_key(checkpoint, config, path, ignore)
+    return checkpoint
+
+
+def read_checkpoint(path):
+    """The checkpoint at `path`, loaded as tensors and plain data only;
+    one that is missing, unreadable or not a checkpoint refused in one
+    line."""
     if not os.path.isfile(path):
         raise UsageError(f"--resume: there is no checkpoint '{path}'")
     if not zipfile.is_zipfile(path):
@@ -174,7 +238,6 @@ def load_checkpoint(directory, config, ignore=()):
         missing = REQUIRED - set(checkpoint)
         if missing:
             raise KeyError(f"no {', '.join(sorted(missing))}")
-        saved_config = checkpoint["config"]
     except pickle.UnpicklingError as error:
         if "Weights only load failed" not in str(error):
             raise UsageError(unreadable(path, error)) from None
@@ -184,10 +247,28 @@ def load_checkpoint(directory, config, ignore=()):
         ) from None
     except Exception as error:
         raise UsageError(unreadable(path, error)) from None
+    return checkpoint
+
+
+def check_key(checkpoint, config, path, ignore=()):
+    """Refuses, in one line, a checkpoint (read from `path`) whose resume
+    key differs from `config` in a part not in `ignore`: the dataset by
+    content (named by both paths), the steps only inside an epoch."""
+    saved_config = checkpoint["config"]
     for key, value in config.items():
         saved = saved_config.get(key)
-        if saved == value or key in ignore:
+        if key in ignore or saved == value:
             continue
+        if key == DATASET_KEY:
+            if dataset_content(saved) == dataset_content(value):
+                continue  # the same bytes, elsewhere
+            raise UsageError(
+                f"checkpoint '{path}' was made with another dataset, "
+                f"{dataset_named(saved)}, not this run's "
+                f"{dataset_named(value)} "
+                f"({difference(dataset_content(saved), dataset_content(value))})"
+                "; refused: a run trains on its own dataset only (a finished "
+                "run's checkpoint predicts on another: --resume --predict)")
         if key == STEPS_KEY:
             if not checkpoint.get("step"):
                 continue  # a new epoch may be cut into steps anew
@@ -202,7 +283,6 @@ def load_checkpoint(directory, config, ignore=()):
             f"checkpoint '{path}' was made with another {key} "
             f"({difference(saved, value)}); refused"
         )
-    return checkpoint
 
 
 def difference(saved, value, where=""):

@@ -126,7 +126,8 @@ def add_run_options(parser):
         help="After training and the test, write every node's prediction to"
         " FILE (.npy, a row per node in the dataset's node ids), computed"
         " layer by layer over full neighbourhoods. With --resume of a"
-        " finished run: predict without training.",
+        " finished run: only predict (whatever --epochs; on another dataset"
+        " too), without repeating the options only training reads.",
     )
     run.add_argument(
         "--predict-fanout", type=fanout_value, default=-1, metavar="N",

@@ -115,7 +115,8 @@ def spawn(run, plan, args, job):
         stop.relay_stop_signals(ranks, stop_request)
         unit = "gpu" if plan.backend == "nccl" else "CPU process"
         plural = "es" if unit.endswith("s") else "s"
-        print(f"Training with {plan.world_size} {unit}"
+        doing = "Training" if job.start.trains else "Predicting"
+        print(f"{doing} with {plan.world_size} {unit}"
               f"{plural * (plan.world_size > 1)}.", flush=True)
         stop_signals = {signal.SIGINT, signal.SIGTERM}
         signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)

@@ -209,8 +209,8 @@ class EveryNode:
         # Written whole or not at all.
         save_atomically(ordered.numpy(), path,
                         save=lambda array, f: np.save(f, array))
-        print(f"Predictions of {len(ordered)} nodes written to {path}",
-              flush=True)
+        what = "Embeddings" if labels == "embedding" else "Predictions"
+        print(f"{what} of {len(ordered)} nodes written to {path}", flush=True)
 
 
 def of_type(ntype):

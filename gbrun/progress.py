@@ -70,7 +70,8 @@ class Progress:
         self.optimizer_steps = 0
         for optimizer in self.optimizers:
             optimizer.register_step_post_hook(self._count_step)
-        if start.checkpoint is not None:
+        # A run that only predicts said so where it started (gbrun.checkpoint).
+        if start.checkpoint is not None and start.trains:
             if self.rank == 0:
                 at = f"epoch {self.start_epoch}" + (
                     f", step {self.start_step}" if self.start_step else "")
@@ -261,13 +262,16 @@ class Progress:
         return settings
 
     def _save(self, epoch, step, partial):
-        """Writes the checkpoint. A stopped run also keeps each rank's loss
-        sum and item count so far (`partial`), for the epoch's average."""
+        """Writes the checkpoint, with the epochs the run trains to (a
+        checkpoint at that epoch is finished: --resume --predict of it only
+        predicts). A stopped run also keeps each rank's loss sum and item
+        count so far (`partial`), for the epoch's average."""
         check_plain(self.kept, "progress.kept")
         checkpoint = {name: cpu_state(obj) for name, obj in self.states.items()}
         checkpoint.update(
             epoch=epoch, step=step, partial=partial, seed=self.start.seed,
-            config=self.start.key, kept=cpu_values(self.kept),
+            epochs=self.start.epochs, config=self.start.key,
+            kept=cpu_values(self.kept),
         )
         save_atomically(checkpoint, os.path.join(self.start.checkpoint_dir,
                                                  CHECKPOINT_FILE))

@@ -137,10 +137,14 @@ def load_directory(directory, name):
 
 
 def dataset_identity(name_or_dir):
-    """How a checkpoint names its dataset, by content: {file in the
-    dataset: its size and SHA-256} (gbrun.data.fingerprint), for a
-    directory, a builtin made here (by its bytes, not its name), or a file
-    (DGL partitions' config); a GraphBolt builtin's name."""
+    """How a checkpoint names its dataset: {"path": where it was read (an
+    absolute path, or a builtin's name), "files": its content}, the content
+    being {file in the dataset: its size and SHA-256}
+    (gbrun.data.fingerprint), for a directory, a dataset that comes with
+    the example (made here: by its bytes, not its name) or a file (DGL
+    partitions' config), or a GraphBolt builtin's name. A resume compares
+    the content (the same bytes at another path are the same dataset) and
+    names the path (gbrun.checkpoint.check_key)."""
     directory = dataset_directory(name_or_dir)
     if directory is not None:
         files = fingerprint.fingerprint(directory, read_metadata(directory))
@@ -148,12 +152,14 @@ def dataset_identity(name_or_dir):
         files = {os.path.basename(name_or_dir): "{}:{}".format(
             os.path.getsize(name_or_dir), fingerprint.file_digest(name_or_dir))}
     else:
-        return name_or_dir
+        return {"path": name_or_dir, "files": name_or_dir}
     described = {}
     for path, value in files.items():
         size, digest = value.split(":")
         described[path] = f"{size} bytes, sha256 {digest[:12]}"
-    return described
+    shown = name_or_dir if directory not in (None, name_or_dir) else (
+        os.path.abspath(name_or_dir))
+    return {"path": shown, "files": described}
 
 
 # Where a user with a heterogeneous graph reads what to do.

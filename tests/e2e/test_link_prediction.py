@@ -6,6 +6,7 @@ its own pairs, and what it cannot train is refused in one line."""
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 
@@ -54,7 +55,8 @@ def link_dataset(tmp_path_factory):
 def link_runs(link_dataset, tmp_path_factory):
     """{name: (CompletedProcess, its directory)}: the seeded reference run
     (checkpoints, metrics and --predict), and beside it the same run stopped
-    by SIGTERM inside epoch 1, then resumed."""
+    by SIGTERM inside epoch 1, then resumed; beside the resume, the
+    reference's model predicting on another dataset (`predicted`)."""
     out = tmp_path_factory.mktemp("link_runs")
 
     def args(name, *extra):
@@ -67,11 +69,28 @@ def link_runs(link_dataset, tmp_path_factory):
          NO_GPU),
         (args("stopped"), {**NO_GPU, gbrun.stop.TEST_HOOK: str(STOP_AT_CHECK)}),
         script=LINK, timeout=180)
-    resumed, = run_examples((args("stopped", "--resume"), NO_GPU),
-                            script=LINK, timeout=180)
+    # --resume --predict of the finished run, with none of its training
+    # options (default --epochs 10, a batch larger than the train set).
+    other = fewer_edges(link_dataset, out / "fewer_edges")
+    predict = ["--gpu=0", "--dataset", other, "--batch-size", "100000",
+               "--checkpoint-dir", str(out / "reference" / "ckpt"),
+               "--resume", "--predict", str(out / "predicted.npy")]
+    resumed, predicted = run_examples(
+        (args("stopped", "--resume"), NO_GPU), (predict, NO_GPU),
+        script=LINK, timeout=180)
     return {"reference": (reference, out / "reference"),
             "stopped": (stopped, out / "stopped"),
-            "resumed": (resumed, out / "stopped")}
+            "resumed": (resumed, out / "stopped"),
+            "predicted": (predicted, out)}
+
+
+def fewer_edges(dataset, copy):
+    """A copy of `dataset` without its last 10% of edges: another dataset
+    (a graph cleaned since training) of the same nodes and features."""
+    shutil.copytree(dataset, copy)
+    edges = np.load(os.path.join(copy, "edges.npy"))
+    np.save(os.path.join(copy, "edges.npy"), edges[:, : edges.shape[1] * 9 // 10])
+    return str(copy)
 
 
 def chance_mrr(negatives):
@@ -102,6 +121,8 @@ def test_link_prediction_learns_and_its_mrr_is_exact_over_ranks(
     assert len(pairs) <= ARGS[ARGS.index("--batch-size") + 1]  # rank 1: none
     embeddings = torch.from_numpy(np.load(out / "embeddings.npy"))
     assert embeddings.dtype == torch.float32 and embeddings.shape == (2000, 256)
+    assert f"Embeddings of 2000 nodes written to {out / 'embeddings.npy'}" in (
+        run.stdout)
 
     module = load_link_example()
     model = module.create_model(32)
@@ -117,6 +138,31 @@ def test_link_prediction_learns_and_its_mrr_is_exact_over_ranks(
         pytest.approx(exact, abs=1e-12))
     # Not trivially exact: the ranks spread.
     assert 0 < exact["Hits@1"] < exact["Hits@10"] < 1
+
+
+@pytest.mark.slow
+def test_a_finished_link_model_predicts_on_another_dataset(link_runs,
+                                                          link_dataset):
+    reference, out = link_runs["reference"]
+    predicted, runs = link_runs["predicted"]
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    # One line names both datasets; nothing trains, and nothing says so.
+    assert (f"Predicting on another dataset, '{runs / 'fewer_edges'}' "
+            "(edges.npy: ") in predicted.stdout
+    assert (f"with the model of {out / 'ckpt'}, trained 4 epochs on "
+            f"'{link_dataset}'; nothing trains.") in predicted.stdout
+    assert "Training" not in predicted.stdout
+    assert "Epoch " not in predicted.stdout
+    assert len(TEST_LINE.findall(predicted.stdout)) == 1, predicted.stdout
+    assert (f"Embeddings of 2000 nodes written to {runs / 'predicted.npy'}"
+            in predicted.stdout)
+    # The trained model's embeddings of the other graph: near, not equal.
+    first = np.load(out / "embeddings.npy")
+    again = np.load(runs / "predicted.npy")
+    assert again.shape == first.shape and not np.array_equal(again, first)
+    # The model the run trained stays as it was.
+    assert os.path.getmtime(out / "ckpt" / "model.pt") < os.path.getmtime(
+        out / "embeddings.npy")
 
 
 def load_link_example():

@@ -426,9 +426,11 @@ def test_a_checkpoint_that_would_run_code_is_refused(
 DROPPED = object()
 
 
-def make_checkpoint(directory, dataset_dir, position=(), **changes):
+def make_checkpoint(directory, dataset_dir, position=(), run_epochs=None,
+                    **changes):
     """A checkpoint of epoch 1 (or of `position`: epoch, step, partial sums)
-    with seed 9 and `changes` to the configuration (DROPPED: no such key)."""
+    with seed 9 and `changes` to the configuration (DROPPED: no such key);
+    `run_epochs`: the epochs its run was asked for (not recorded: None)."""
     import node_classification as nc
 
     args = nc.parse_args(["--dataset", dataset_dir, "--fanout", "5,5,5"])
@@ -442,6 +444,8 @@ def make_checkpoint(directory, dataset_dir, position=(), **changes):
         "config": {key: value for key, value in {**job.start.key, **changes}.items()
                    if value is not DROPPED},
     }
+    if run_epochs is not None:
+        checkpoint["epochs"] = run_epochs
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, gbrun.checkpoint.CHECKPOINT_FILE)
     gbrun.checkpoint.save_atomically(checkpoint, path)
@@ -481,11 +485,14 @@ def test_resume_refuses_what_it_cannot_continue(small_dataset, tmp_path, capsys,
     # The dataset by content: one file of other bytes is another dataset,
     # named by that file (a copy elsewhere is the same: test_staging.py).
     identity = gbrun.data.datasets.dataset_identity(small_dataset)
-    edges = [name for name in identity if name.startswith("edges")][0]
+    files = identity["files"]
+    edges = [name for name in files if name.startswith("edges")][0]
     for change, message in [
-        ({"dataset": {**identity, edges: "8 bytes, sha256 000000000000"}},
-         f"another dataset ({edges}: '8 bytes, sha256 000000000000' then, "
-         f"'{identity[edges]}' now); refused"),
+        ({"dataset": {"path": "/data/before",
+                      "files": {**files, edges: "8 bytes, sha256 0000"}}},
+         "another dataset, '/data/before', not this run's "
+         f"'{os.path.abspath(small_dataset)}' ({edges}: '8 bytes, sha256 "
+         f"0000' then, '{files[edges]}' now); refused"),
         ({"fanout": [1, 1, 1]}, "another fanout ([1, 1, 1] then, [5, 5, 5] now)"),
     ]:
         make_checkpoint(tmp_path / "changed", small_dataset, **change)
@@ -558,24 +565,40 @@ def test_a_finished_checkpoint_predicts_on_another_dataset_saying_so(
     shutil.copytree(small_dataset, other)
     edges = np.load(other / "edges.npy")
     np.save(other / "edges.npy", edges[:, : edges.shape[1] * 9 // 10])
+    # Finished: its run trained the 3 epochs it was asked for.
     finished = make_checkpoint(tmp_path / "done", small_dataset,
-                               position=(3, 0, None))
-    unfinished = make_checkpoint(tmp_path / "half", small_dataset)
+                               position=(3, 0, None), run_epochs=3)
+    unfinished = make_checkpoint(tmp_path / "half", small_dataset,
+                                 run_epochs=3)
     predict = ["--predict", str(tmp_path / "p.npy")]
-    args = nc.parse_args(["--dataset", str(other), "--fanout", "5,5,5",
-                          "--epochs", "3", "--checkpoint-dir",
+    # Only predicting, nothing that only training reads is compared or
+    # checked: not --epochs (default 10), --fanout, --lr, nor a batch size
+    # larger than the train set (1800 nodes).
+    args = nc.parse_args(["--dataset", str(other), "--batch-size", "5000",
+                          "--lr", "0.5", "--checkpoint-dir",
                           str(tmp_path / "done"), "--resume", *predict])
     job = nc.load_job(args, cpu_plan(args, 1))
-    assert job.start.epochs == 3
+    assert (job.start.epochs, job.start.trains) == (3, False)
     said = capsys.readouterr().out
-    assert said.count("Predicting with the model trained on another "
-                      "dataset (edges.npy: ") == 1, said
+    assert said.count(
+        f"Predicting on another dataset, '{other}' (edges.npy: ") == 1, said
+    assert said.count(
+        f"with the model of {tmp_path / 'done'}, trained 3 epochs on "
+        f"'{os.path.abspath(small_dataset)}'; nothing trains.") == 1, said
     job.start.lock.close()
-    assert "another dataset (edges.npy: " in resume_error(
-        capsys, str(other), tmp_path / "done")  # training on it: refused
-    assert ("it predicts on this one once its run is finished (--predict), "
-            "but trains on none but its own") in resume_error(
-        capsys, str(other), tmp_path / "half", *predict)
+    # Training on it is refused, naming both datasets, also where --predict
+    # asks for more epochs of the run than it trained.
+    both = (f"another dataset, '{os.path.abspath(small_dataset)}', not "
+            f"this run's '{other}' (edges.npy: ")
+    assert both in resume_error(capsys, str(other), tmp_path / "done")
+    assert both in resume_error(capsys, str(other), tmp_path / "half",
+                                *predict)
+    # A finished checkpoint without --predict trains on (here: refused, at
+    # --epochs); a training resume checks the train split.
+    assert "has already trained 3 epochs" in resume_error(
+        capsys, small_dataset, tmp_path / "done")
+    assert "use --batch-size 1800 or less" in resume_error(
+        capsys, small_dataset, tmp_path / "half", "--batch-size", "5000")
     assert os.path.exists(finished) and os.path.exists(unfinished)
 
 
