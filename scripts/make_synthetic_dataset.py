@@ -27,6 +27,13 @@ taken out of the graph (a model must not sample the edges it is scored
 on), each with K uniform random negative destinations; the graph's other
 edges are the train pairs. As 80% of edges join two nodes of one class,
 and features carry the class, a model learns which pairs are edges.
+With --hetero --link-negatives K: the link task is on user:buys:item (for
+docs/customising.md's edit for a relation of several node types): 5% of
+the purchases are validation and 5% test pairs, taken out of both
+user:buys:item and its reverse item:bought-by:user, each with K random
+items as negatives. Users buy items of their own class, which the items'
+features and the users' neighbourhoods carry: a model learns who buys
+what.
 The same arguments always produce the same bytes.
 """
 
@@ -34,7 +41,7 @@ import sys
 
 import numpy as np
 
-from gbrun.data import inputs, links, ondisk
+from gbrun.data import inputs, links, ondisk, typed_links
 from gbrun.cli import ArgumentParser, int_at_least, positive_float
 
 # Fraction of edges whose two ends share a class.
@@ -158,15 +165,43 @@ def make_hetero_dataset(num_users, avg_degree, feat_dim, num_classes, seed,
             {"user": user_features, "item": item_features}, labels)
 
 
+# --hetero --link-negatives: the relation whose links are predicted, and
+# its reverse relation (the same purchases, from the items).
+HETERO_RELATION, HETERO_REVERSE = "user:buys:item", "item:bought-by:user"
+
+
+def make_hetero_link_task(rng, edges, num_nodes, num_negatives):
+    """(the graph's edges, a links.LinkTask on user:buys:item): validation
+    and test purchases drawn as make_link_task draws them, taken out of
+    both relations (a user's purchase, and the item's bought-by edge back);
+    the purchases left are the train pairs; `num_negatives` random items
+    per evaluation pair."""
+    buys = edges[HETERO_RELATION]
+    order = rng.permutation(buys.shape[1])
+    cuts = np.cumsum([int(buys.shape[1] * f) for f in LINK_SPLIT[1:]])
+    valid, test = (buys[:, np.sort(part)] for part in np.split(order[:cuts[-1]], cuts[:1]))
+    graph = typed_links.without_pairs(edges, np.concatenate([valid, test], axis=1),
+                                      HETERO_RELATION, HETERO_REVERSE, num_nodes)
+    negatives = [rng.integers(0, num_nodes["item"], (pairs.shape[1], num_negatives),
+                              dtype=np.int64) for pairs in (valid, test)]
+    return graph, links.LinkTask(graph[HETERO_RELATION], valid, negatives[0], test,
+                                 negatives[1])
+
+
 def write_hetero(parser, args):
     num_nodes, edges, features, labels = make_hetero_dataset(
         args.num_nodes, args.avg_degree, args.feat_dim, args.num_classes, args.seed)
     train, val, test = inputs.split_nodes(args.num_nodes, args.split, seed=args.seed + 1)
+    link_task = None
+    if args.link_negatives:
+        edges, link_task = make_hetero_link_task(np.random.default_rng(args.seed + 2), edges,
+                                                 num_nodes, args.link_negatives)
     try:
         summary = ondisk.write_hetero_dataset(
             args.out_dir, num_nodes, edges, labels, train, val, test, "user",
             features=features, num_classes=args.num_classes, name="synthetic-hetero",
-            force=args.force)
+            force=args.force, link_task=link_task, relation=HETERO_RELATION,
+            reverse=HETERO_REVERSE)
     except inputs.DatasetError as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -174,6 +209,11 @@ def write_hetero(parser, args):
     print(f"wrote {args.out_dir}: {num_nodes['user']} users, {num_nodes['item']} items, "
           f"{edges['user:buys:item'].shape[1]} edges each way, {args.num_classes} classes "
           f"on user, train/val/test {sizes['train']}/{sizes['validation']}/{sizes['test']}")
+    if link_task is not None:
+        pairs = summary["link_sizes"]
+        print(f"link task on {HETERO_RELATION} (reverse {HETERO_REVERSE}): train/val/test "
+              f"{pairs['train']}/{pairs['validation']}/{pairs['test']} pairs, "
+              f"{args.link_negatives} negative items per evaluation pair")
 
 
 def parse_args(argv=None):
@@ -191,10 +231,9 @@ def parse_args(argv=None):
                         "edge types user:buys:item and its reverse item:bought-by:user")
     parser.add_argument("--link-negatives", type=int_at_least(1), metavar="K",
                         help="also write a link-prediction task: 5%% of the edges are validation "
-                        "and 5%% test pairs (out of the graph), each with K random negatives")
+                        "and 5%% test pairs (out of the graph), each with K random negatives; "
+                        "with --hetero, on user:buys:item (out of it and its reverse)")
     args = parser.parse_args(argv)
-    if args.hetero and args.link_negatives:
-        parser.error("--link-negatives is for a graph of one node type, not --hetero")
     if int(args.num_nodes * args.split[0]) < 1:
         parser.error(f"--split: the train set of {args.num_nodes} nodes would be empty")
     return parser, args
