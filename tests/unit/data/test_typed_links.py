@@ -5,6 +5,8 @@ graph of several node types, written by scripts/convert_to_ondisk.py
 for in the relation and its reverse relation, bad inputs refused in one
 line; and gbrun.data.datasets.check_link_task's refusals of a copy whose
 RELATION or REVERSE_RELATION the dataset does not agree with."""
+import shutil
+
 import numpy as np
 import pytest
 import yaml
@@ -127,6 +129,20 @@ def test_a_relation_s_task_round_trips_and_its_leaks_are_found_both_ways(
         with pytest.raises(UsageError, match=message):
             datasets.check_link_task(dataset, "clean", FEATURE_KEYS,
                                      "link_prediction", relation, reverse)
+    # A dataset written elsewhere that names no reverse relation, while it
+    # has an edge type from items to users: REVERSE_RELATION must name it.
+    shutil.copytree(tmp_path / "clean", tmp_path / "unnamed")
+    del metadata["tasks"][1]["reverse_relation"]
+    with open(tmp_path / "unnamed" / "metadata.yaml", "w") as f:
+        yaml.safe_dump(metadata, f)
+    unnamed = datasets.load_dataset(str(tmp_path / "unnamed"))
+    with pytest.raises(UsageError, match="REVERSE_RELATION is None, but "
+                       "dataset 'unnamed' has edge types from item to user "
+                       r"\(item:bought-by:user\)"):
+        datasets.check_link_task(unnamed, "unnamed", FEATURE_KEYS,
+                                 "link_prediction", RELATION, None)
+    datasets.check_link_task(unnamed, "unnamed", FEATURE_KEYS,
+                             "link_prediction", RELATION, REVERSE)
     # The unchanged example points to the edit.
     with pytest.raises(UsageError, match="docs/customising.md#link-prediction"
                        "-on-a-relation-of-several-node-types shows the edit"):
