@@ -3,10 +3,9 @@ buy items): docs/customising.md's edits of link_prediction.py (the
 relational model, then DistMult on top), each applied with `git apply` to
 a copy outside the checkout. The DistMult copy learns, its MRR over two
 ranks equals one process's, ties included, and a run stopped by SIGTERM
-resumes exactly; the relational copy's
-training batches sample neither their purchases nor the items' bought-by
-edges back; the converter writes such a task and the copy refuses one
-whose reverse relation it does not take out."""
+resumes exactly; the relational copy's training batches sample neither
+their purchases nor the items' bought-by edges back. (The converter's and
+the dataset checks' side: tests/unit/data/test_typed_links.py.)"""
 import json
 import os
 import re
