@@ -156,20 +156,23 @@ def batches_per_rank(item_sampler):
     return -(-count // size)
 
 
-def scored_pairs(data):
+def scored_pairs(data, relation=None):
     """A link-prediction batch's scored pairs and their labels, in the
     batch's compacted node ids (rows of the model's outputs): (sources,
     destinations, labels: 1.0 for a positive pair, 0.0 for a negative).
     dgl 2.1 (minibatch.py at v2.1.0) names them node_pairs_with_labels;
     2.2-2.4 (v2.2.1, v2.4.0) give compacted_seeds, (pairs, 2), with labels
     (public MiniBatch attributes; on 2.1 compacted_seeds is None for items
-    named node_pairs)."""
+    named node_pairs). On a graph of several node types each is {edge
+    type: ...}: `relation`'s pairs, ids within its ends' types."""
     compacted = getattr(data, "compacted_seeds", None)
     if compacted is None:
-        (sources, destinations), labels = data.node_pairs_with_labels
+        pairs, labels = data.node_pairs_with_labels
     else:
-        sources, destinations = compacted.T
-        labels = data.labels
+        pairs, labels = compacted, data.labels
+    if relation is not None:
+        pairs, labels = pairs[relation], labels[relation]
+    sources, destinations = pairs if compacted is None else pairs.T
     return sources, destinations, labels.float()
 
 

@@ -199,6 +199,12 @@ def plan_run(args, gpus, num_workers, env=os.environ, machine=None,
     rank_env = {"OMP_NUM_THREADS": str(threads)}
     if not torchrun:
         rank_env.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
+        # GraphBolt (dgl 2.1-2.4, internal/sample_utils.py) samples a graph
+        # of several node types in the order of a set of their names, which
+        # Python orders by the process's string hash: a seeded run repeats
+        # it, and a resume continues it, only where every launch's ranks
+        # hash alike (under torchrun, export PYTHONHASHSEED yourself).
+        rank_env["PYTHONHASHSEED"] = os.environ.get("PYTHONHASHSEED", "0")
     if train_device == "cpu":
         # CPU ranks see no GPU, so no library starts CUDA in them (under
         # torchrun the ranks already run: this cannot apply).

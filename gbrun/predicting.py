@@ -162,35 +162,48 @@ class EveryNode:
                 "False)")
         self.checked.add(ntype)
 
-    def last_layer(self):
-        """The outputs of the last layer exchanged: one node type's."""
+    def last_layer(self, node_type=None):
+        """The outputs of the last layer exchanged: one node type's (that
+        of `node_type`, where the layer output several)."""
         computed = [ntype for ntype, shared in self.types.items()
                     if shared.previous is not None]
+        output = ", ".join(map(str, computed)) or "(none)"
+        if node_type is not None:
+            if node_type not in computed:
+                raise RuntimeError(
+                    f"outputs of node type '{node_type}' asked for, but the "
+                    f"model's last layer output node types {output}")
+            return self.types[node_type]
         if len(computed) != 1:
             raise RuntimeError(
                 "--predict writes one node type's predictions, but the "
-                "model's last layer output node types "
-                f"{', '.join(map(str, computed)) or '(none)'}")
+                f"model's last layer output node types {output}")
         return self.types[computed[0]]
 
-    def read(self, nodes):
-        """The last layer's outputs of `nodes` (graph ids), on any rank:
-        every node's embedding, once each rank computed its share."""
-        return self.last_layer().read(nodes).to(self.device)
+    def read(self, nodes, node_type=None):
+        """The last layer's outputs of `nodes` (graph ids; of `node_type`,
+        where it output several), on any rank: every node's embedding,
+        once each rank computed its share."""
+        return self.last_layer(node_type).read(nodes).to(self.device)
 
     @property
     def outputs(self):
         """The last layer's outputs of every node, on rank 0 (an empty
         tensor elsewhere: rank 0 writes the file)."""
-        return self.last_layer().outputs(self.rank == 0)
+        return self.outputs_of()
 
-    def save(self, predictions, path, labels):
-        """On rank 0: `predictions` (a row per node, in the graph's node ids)
-        written to `path` (.npy) in the dataset's node ids, once checked
-        against `labels` (the example's LABELS). A no-op elsewhere."""
+    def outputs_of(self, node_type=None):
+        """`outputs`, of `node_type` where the last layer output several."""
+        return self.last_layer(node_type).outputs(self.rank == 0)
+
+    def save(self, predictions, path, labels, node_type=None):
+        """On rank 0: `predictions` (a row per node, in the graph's node ids;
+        of `node_type`, where the last layer output several) written to
+        `path` (.npy) in the dataset's node ids, once checked against
+        `labels` (the example's LABELS). A no-op elsewhere."""
         if self.rank != 0:
             return
-        shared = self.last_layer()
+        shared = self.last_layer(node_type)
         what, fits = PREDICTIONS[labels]
         if not fits(predictions) or len(predictions) != shared.num_nodes:
             raise RuntimeError(

@@ -50,6 +50,13 @@ of --edges and --features:
                float array, one row per node of it); repeatable, optional.
   --target TYPE                the node type that --labels and the splits
                are on (ids within it).
+  --link-relation SRC:REL:DST  with the --link-... inputs: a link task on
+               this edge type (pairs as its edges; negatives of DST);
+  --link-reverse-relation DST:REL2:SRC  the edge type holding its edges
+               the other way round: the graph's leaks are looked for, and
+               --drop-leaked-edges drops them, in both (needed where the
+               graph has an edge type from DST to SRC; 'none' if none of
+               them holds the relation's edges the other way round).
 
     python scripts/convert_to_ondisk.py datasets/shop \
         --node-type user=1000 --node-type item=500 \
@@ -68,7 +75,7 @@ import sys
 
 import numpy as np
 
-from gbrun.data import inputs, links, ondisk
+from gbrun.data import inputs, links, ondisk, typed_links
 from gbrun.data.labels import KINDS as LABEL_KINDS
 from gbrun.cli import ArgumentParser, int_at_least
 
@@ -246,6 +253,12 @@ def parse_args(argv=None):
                         help="take the evaluation pairs out of the graph and the train pairs")
     leaked.add_argument("--keep-leaked-edges", action="store_true",
                         help="keep evaluation pairs the graph holds, with a warning")
+    link.add_argument("--link-relation", metavar="SRC:REL:DST",
+                      help="with --node-type: the edge type of the link task's pairs")
+    link.add_argument("--link-reverse-relation", metavar="DST:REL:SRC",
+                      help="with --link-relation: the edge type holding its edges the other "
+                      "way round, which leaks and --drop-leaked-edges also look in ('none': "
+                      "no edge type does)")
     hetero = parser.add_argument_group("several node and edge types")
     hetero.add_argument("--node-type", action="append", default=[], type=named_count,
                         metavar="NAME=COUNT", help="a node type and its node count; repeatable")
@@ -307,17 +320,28 @@ def link_fractions(text):
 
 def check_link_args(parser, args):
     """A link task's options: --link-split with --link-negatives, or the
-    four evaluation inputs; the rest only with one of them."""
+    four evaluation inputs; the rest only with one of them. With
+    --node-type, the four inputs and --link-relation, the pairs' edge
+    type."""
     files = [option for option in LINK_OPTIONS if getattr(args, link_dest(option))]
     modifiers = [option for option in ("--directed", "--drop-leaked-edges", "--keep-leaked-edges")
                  if getattr(args, link_dest(option))]
     given = (["--link-split"] if args.link_split else []) + files + modifiers
+    typed = [f"--{name.replace('_', '-')}" for name in ("link_relation", "link_reverse_relation")
+             if getattr(args, name)]
+    if typed and not (args.node_type and given):
+        parser.error(f"{typed[0]} names the edge type of a link task (--link-valid ...) on a "
+                     "graph of several node types (--node-type)")
     if args.link_negatives and not args.link_split:
         parser.error("--link-negatives needs --link-split V,T (the split it draws negatives for)")
     if not given:
         return
-    if args.node_type:
-        parser.error(f"{given[0]} is for a graph of one node type, not --node-type")
+    if args.node_type and args.link_split:
+        parser.error("--link-split is for a graph of one node type; with --node-type give the "
+                     "four evaluation inputs and --link-relation")
+    if args.node_type and not args.link_relation:
+        parser.error(f"{given[0]} with --node-type needs --link-relation SRC:REL:DST, the "
+                     "edge type of the pairs")
     if args.link_split:
         if files:
             parser.error(f"{files[0]}: --link-split makes the link task's pairs; give one or the other")
@@ -408,10 +432,54 @@ def convert_hetero(args):
     edges = {etype: load_edges(path) for etype, path in args.edge_type}
     features = {ntype: load_npy(path) for ntype, path in args.type_features}
     train, val, test = load_splits(args, num_nodes[args.target])
-    return ondisk.write_hetero_dataset(
+    link_task = dropped = None
+    if args.link_valid:
+        edges, link_task, dropped = load_typed_link_task(args, edges, num_nodes)
+    summary = ondisk.write_hetero_dataset(
         args.out_dir, num_nodes, edges, load_npy(args.labels), train, val, test,
         args.target, features=features, num_classes=args.num_classes,
-        force=args.force, kind=args.label_kind, inputs=input_paths(args))
+        force=args.force, kind=args.label_kind, inputs=input_paths(args),
+        link_task=link_task, relation=args.link_relation,
+        reverse=args.link_reverse_relation, link_names=link_names(args),
+        keep_leaked_edges=args.keep_leaked_edges)
+    return {**summary, "dropped": dropped}
+
+
+def link_names(args):
+    """How messages name a link task's inputs: their files."""
+    names = {key: getattr(args, link_dest(option)) for option, (key, _) in LINK_OPTIONS.items()}
+    if not args.link_train:
+        names["link train"] = f"the edges of {args.link_relation} (the train pairs)"
+    return {key: name for key, name in names.items() if name}
+
+
+def load_typed_link_task(args, edges, num_nodes):
+    """(the graph's edges, a links.LinkTask of --link-relation, what
+    --drop-leaked-edges took out or None), as load_link_task reads one: the
+    train pairs default to the relation's edges but the evaluation pairs,
+    and --drop-leaked-edges takes the evaluation pairs out of the relation,
+    the train pairs and, the other way round, --link-reverse-relation."""
+    relation, reverse = args.link_relation, args.link_reverse_relation
+    inputs.check_types(num_nodes, edges, {}, args.target)
+    typed_links.check_relations(relation, reverse, list(edges))
+    valid, test = load_edges(args.link_valid), load_edges(args.link_test)
+    # Taking pairs out needs valid ids; the writer checks everything again.
+    src, dst = typed_links.ends(relation)
+    size = max(num_nodes[src], num_nodes[dst])
+    for path, pairs in ((args.link_valid, valid), (args.link_test, test)):
+        inputs.check_edges(pairs, size, {"edges": path, "features": f"node types {src} and {dst}"})
+    task = links.LinkTask(edges[relation], valid, load_npy(args.link_valid_negatives), test,
+                          load_npy(args.link_test_negatives), args.directed)
+    if args.link_train:
+        task.train = load_edges(args.link_train)
+    else:  # never an evaluation pair (or, of one node type, its reverse)
+        task.train = links.without_pairs(edges[relation], task.evaluated(), size,
+                                         src == dst and not args.directed)
+    if not args.drop_leaked_edges:
+        return edges, task, None
+    inputs.check_edges(task.train, size, {"edges": args.link_train or relation,
+                                          "features": f"node types {src} and {dst}"})
+    return typed_links.drop_leaked(edges, task, relation, reverse, num_nodes)
 
 
 def input_paths(args):
@@ -484,8 +552,15 @@ def main(argv=None):
         edges = ", ".join(f"{count} {etype}" for etype, count in summary["num_edges"].items())
         print(f"wrote {args.out_dir}: nodes {nodes}; edges {edges}; {summary['num_classes']} "
               f"{classes} on {summary['target']}, {splits}")
+        section = "several-node-and-edge-types"
+        if summary["link_sizes"]:
+            pairs = summary["link_sizes"]
+            print(f"link task on {args.link_relation}: train/val/test {pairs['train']}/"
+                  f"{pairs['validation']}/{pairs['test']} pairs")
+            print_dropped(summary["dropped"])
+            section = "link-prediction-on-a-relation-of-several-node-types"
         print(f"train with docs/customising.md's edit for several node types "
-              f"(#several-node-and-edge-types): --dataset {args.out_dir}")
+              f"(#{section}): --dataset {args.out_dir}")
         return 0
     extra = "".join(f", {name} {width}" for name, width in summary["extra_features"].items())
     print(
@@ -497,13 +572,17 @@ def main(argv=None):
         pairs = summary["link_sizes"]
         print(f"link task: train/val/test {pairs['train']}/{pairs['validation']}/"
               f"{pairs['test']} pairs")
-        if summary["dropped"]:
-            print("--drop-leaked-edges took {} edges out of the graph and {} out of the "
-                  "train pairs".format(*summary["dropped"]))
+        print_dropped(summary["dropped"])
         train += (f" (its node task), or python link_prediction.py --dataset "
                   f"{args.out_dir} (its link task)")
     print(f"train with: {train}")
     return 0
+
+
+def print_dropped(dropped):
+    if dropped:
+        print("--drop-leaked-edges took {} edges out of the graph and {} out of the "
+              "train pairs".format(*dropped))
 
 
 if __name__ == "__main__":

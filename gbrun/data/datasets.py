@@ -162,22 +162,25 @@ def dataset_identity(name_or_dir):
     return {"path": shown, "files": described}
 
 
-# Where a user with a heterogeneous graph reads what to do.
+# Where a user with a heterogeneous graph reads what to do, for the node
+# task and for the link task.
 HETEROGENEOUS_PAGE = "docs/customising.md#several-node-and-edge-types"
+LINK_HETEROGENEOUS_PAGE = (
+    "docs/customising.md#link-prediction-on-a-relation-of-several-node-types")
 
 
-def heterogeneous(name, node_types, edge_types):
+def heterogeneous(name, node_types, edge_types, page=HETEROGENEOUS_PAGE):
     """The refusal of a graph with several node or edge types, naming
     them: the example trains one node type and one edge type."""
     return UsageError(
         f"dataset '{name}' is heterogeneous (node types: "
         f"{', '.join(sorted(node_types))}; edge types: "
         f"{', '.join(sorted(edge_types))}), but the example trains a graph "
-        f"of one node type and one edge type: {HETEROGENEOUS_PAGE} shows the "
+        f"of one node type and one edge type: {page} shows the "
         "edit for several")
 
 
-def check_homogeneous(dataset, name):
+def check_homogeneous(dataset, name, page=HETEROGENEOUS_PAGE):
     """Refuses a heterogeneous dataset before its keys are looked up (a
     per-type feature named like the example's key would otherwise be
     reported missing)."""
@@ -186,7 +189,7 @@ def check_homogeneous(dataset, name):
     edge_types = getattr(graph, "edge_type_to_id", None) or {}
     if len(node_types) > 1 or len(edge_types) > 1 or (
             graph.node_type_offset is not None and (node_types or edge_types)):
-        raise heterogeneous(name, node_types, edge_types)
+        raise heterogeneous(name, node_types, edge_types, page)
 
 
 def check_dataset(dataset, name, feature_keys, label_key, labels="class",
@@ -252,13 +255,23 @@ def check_dataset(dataset, name, feature_keys, label_key, labels="class",
     return tuple(item_sets)
 
 
-def check_link_task(dataset, name, feature_keys, task_name):
+def check_link_task(dataset, name, feature_keys, task_name, relation=None,
+                    reverse=None):
     """Refuses a dataset the link example cannot train on, naming what is
     missing or wrong. Returns the task `task_name`'s train item set (its
     node pairs, as GraphBolt samples them) and its validation and test
     sets as (pairs (E, 2), negative destinations (E, K)) tensors, each
-    pair scored against its own row (the format gbrun.data.links writes)."""
-    check_homogeneous(dataset, name)
+    pair scored against its own row (the format gbrun.data.links writes).
+    FEATURE_KEYS per node type (a graph of several): the pairs are of the
+    edge type `relation` (the example's RELATION), the train set
+    {relation: ItemSet} and the evaluation ids within each end's type, and
+    `reverse` (REVERSE_RELATION) is checked (check_reverse)."""
+    per_type = feature_keys if isinstance(feature_keys, dict) else {
+        None: feature_keys}
+    if None in per_type:
+        check_homogeneous(dataset, name, LINK_HETEROGENEOUS_PAGE)
+    else:
+        check_node_types(dataset, name, per_type)
     tasks = {task.metadata.get("name"): task for task in dataset.tasks}
     if task_name not in tasks:
         raise UsageError(
@@ -266,8 +279,9 @@ def check_link_task(dataset, name, feature_keys, task_name):
             f"{', '.join(map(str, tasks))}); scripts/convert_to_ondisk.py "
             "--link-valid ... writes one (docs/own-data.md)")
     task = tasks[task_name]
-    for key in feature_keys:
-        check_feature(dataset, name, key)
+    for ntype, keys in per_type.items():
+        for key in keys:
+            check_feature(dataset, name, key, ntype)
     item_sets = []
     for split in SPLITS:
         # The train set's pairs are sampled; each evaluation pair is scored
@@ -283,15 +297,20 @@ def check_link_task(dataset, name, feature_keys, task_name):
                 f"dataset '{name}': the {split} of task '{task_name}' holds "
                 f"{', '.join(item_set.names or ('unnamed items',))}; the link "
                 f"example takes {' and '.join(names)}")
+        items = item_set[0:len(item_set)]
+        if None not in per_type:
+            items = of_relation(items, name, split, relation)
         if split == SPLITS[0]:
             item_sets.append(item_set)
             continue
-        pairs, negatives = item_set[0:len(item_set)]
+        pairs, negatives = items
         if negatives.dim() != 2 or negatives.size(1) == 0:
             raise UsageError(
                 f"dataset '{name}': the {split}'s negative_dsts have shape "
                 f"{list(negatives.shape)}, not a row of negatives per pair")
         item_sets.append((pairs.long(), negatives.long()))
+    if None not in per_type:
+        check_reverse(dataset, name, task, relation, reverse)
     return tuple(item_sets)
 
 
@@ -303,6 +322,54 @@ def is_directed(dataset, task_name):
         if task.metadata.get("name") == task_name:
             return bool(task.metadata.get("directed", False))
     raise KeyError(task_name)
+
+
+def of_relation(items, name, split, relation):
+    """A split's items on a graph of several node types, which must be
+    pairs of `relation` only."""
+    if not isinstance(items, dict) or set(items) != {relation}:
+        types = ", ".join(items) if isinstance(items, dict) else "none"
+        raise UsageError(
+            f"dataset '{name}': the {split} holds pairs of edge types "
+            f"{types}, but RELATION is '{relation}'")
+    return items[relation]
+
+
+def check_reverse(dataset, name, task, relation, reverse):
+    """RELATION is an edge type of the graph, and REVERSE_RELATION the one
+    that holds its edges the other way round, where the graph has one: as
+    the task names it (its "reverse_relation", which convert_to_ondisk.py
+    writes), or else an edge type from RELATION's destination type to its
+    source type. Without it, the model would sample the pairs it is asked
+    to predict, the other way round."""
+    edge_types = list(getattr(dataset.graph, "edge_type_to_id", None) or {})
+    if relation not in edge_types:
+        raise UsageError(
+            f"RELATION is '{relation}', but dataset '{name}' has edge types "
+            f"{', '.join(sorted(edge_types))}")
+    src, _, dst = relation.split(":")
+    backwards = [etype for etype in edge_types
+                 if etype.startswith(f"{dst}:") and etype.endswith(f":{src}")]
+    declared = task.metadata.get("reverse_relation", reverse)
+    if declared != reverse:
+        raise UsageError(
+            f"dataset '{name}': its task '{task.metadata.get('name')}' names "
+            f"'{declared}' as the reverse relation of {relation}, but "
+            f"REVERSE_RELATION is {reverse!r}: a batch's pairs must be taken "
+            "out of both")
+    if reverse is not None and reverse not in backwards:
+        raise UsageError(
+            f"REVERSE_RELATION is '{reverse}', but dataset '{name}' has no "
+            f"such edge type from {dst} to {src} (it has: "
+            f"{', '.join(backwards) or 'none'})")
+    if reverse is None and backwards and "reverse_relation" not in (
+            task.metadata):
+        raise UsageError(
+            f"REVERSE_RELATION is None, but dataset '{name}' has edge types "
+            f"from {dst} to {src} ({', '.join(backwards)}): name the one "
+            f"holding {relation}'s edges the other way round (the model "
+            "would sample the pairs it predicts), or, if none does, write "
+            "reverse_relation: null in the task's entry of metadata.yaml")
 
 
 def feature_name(key, node_type=None, named=False):

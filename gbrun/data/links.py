@@ -145,7 +145,7 @@ class _Evaluated:
                 f"{self.name(int(np.flatnonzero(found)[0]))}")
 
 
-def leaks(task, edges, num_nodes, names=None, keep_graph=False):
+def leaks(task, edges, num_nodes, names=None, keep_graph=False, one_way=False):
     """Every way the evaluation pairs reach a model, in one pass, a Leak per
     case found (refused first):
     - the graph holds an evaluation pair (either way round): evaluation
@@ -156,8 +156,11 @@ def leaks(task, edges, num_nodes, names=None, keep_graph=False):
     - a pair in both the validation and the test set, or twice in one;
     - a negative that is a real edge: said, kept (as OGB's are).
     A directed task counts only the pair itself as its answer; the graph's
-    and train pairs' reverses are then said, not refused."""
+    and train pairs' reverses are then said, not refused. `one_way`: the
+    pairs join two node types (gbrun.data.typed_links), so no pair has a
+    reverse among them (the task is read as directed)."""
     names = {**NAMES, **(names or {})}
+    task = dataclasses.replace(task, directed=True) if one_way else task
     found = []
     evaluated = _Evaluated(task, names)
     directed = task.directed
@@ -178,7 +181,7 @@ def leaks(task, edges, num_nodes, names=None, keep_graph=False):
             f"scored after training on them; {DROP} takes them out of the train pairs")))
     trained_reversed = pairs_held(evaluated.pairs[::-1], task.train, num_nodes,
                                   either_way=False) & ~trained
-    if trained_reversed.any():
+    if trained_reversed.any() and not one_way:
         what = (f"{names['link train']} holds the reverse of "
                 f"{evaluated.count(trained_reversed)}")
         found.append(Leak("warning" if directed else "leak", (
@@ -226,15 +229,18 @@ def _negative_edges(task, edges, num_nodes):
     return count
 
 
-def split(edges, num_nodes, fractions, num_negatives, rng, directed=False):
+def split(edges, num_nodes, fractions, num_negatives, rng, directed=False,
+          destinations=None):
     """(the graph's edges, a LinkTask) from a plain edge list: `fractions`
     (validation, test) of its distinct pairs (u, v) with u != v (either way
     round one pair, unless `directed`) held out, every copy of them taken
     out of the graph (both ways unless directed); the graph's other edges
     are the train pairs; `num_negatives` uniform random destinations per
-    evaluation pair, from `rng`."""
+    evaluation pair, from `rng`. `destinations`: the pairs join two node
+    types (directed, and u == v no loop), this many nodes of the second."""
     edges = np.asarray(edges)
-    loops = edges[0] == edges[1]
+    directed = directed or destinations is not None
+    loops = (edges[0] == edges[1]) & (destinations is None)
     keys = np.unique(_keys(edges[:, ~loops], num_nodes, directed))
     cuts = np.cumsum([int(keys.shape[0] * f) for f in fractions])
     if cuts[0] < 1 or cuts[1] - cuts[0] < 1:
@@ -246,9 +252,10 @@ def split(edges, num_nodes, fractions, num_negatives, rng, directed=False):
                    for part in np.split(order[:cuts[1]], cuts[:1]))
     graph = without_pairs(edges, np.concatenate([valid, test], axis=1), num_nodes,
                           either_way=not directed)
-    negatives = [rng.integers(0, num_nodes, (pairs.shape[1], num_negatives), dtype=np.int64)
-                 for pairs in (valid, test)]
-    return graph, LinkTask(graph, valid, negatives[0], test, negatives[1], directed)
+    negatives = [rng.integers(0, destinations or num_nodes, (pairs.shape[1], num_negatives),
+                              dtype=np.int64) for pairs in (valid, test)]
+    return graph, LinkTask(graph, valid, negatives[0], test, negatives[1],
+                           directed and destinations is None)
 
 
 def sizes(task):

@@ -44,7 +44,7 @@ import sys
 import numpy as np
 import yaml
 
-from . import links
+from . import links, typed_links
 from .inputs import (
     BLOCK_ELEMENTS, DatasetError, check_labels, check_splits, check_types,
     display_names, edge_warnings, find_warnings, label_kind, validate_inputs,
@@ -149,12 +149,15 @@ def _link_files(task):
             yield split, "negative_dsts", f"{prefix}_negative_dsts.npy", getattr(task, negatives)
 
 
-def _link_metadata(task):
-    """A link task's entry in metadata.yaml (after the node task)."""
+def _link_metadata(task, relation=None):
+    """A link task's entry in metadata.yaml (after the node task); on a
+    graph of several node types, its pairs are of the edge type
+    `relation` (each set's "type")."""
     entry = {"name": links.TASK_NAME, "num_negatives": int(np.shape(task.valid_negatives)[1]),
              "directed": bool(task.directed)}
+    typed = {} if relation is None else {"type": relation}
     for split, item, path, _ in _link_files(task):
-        entry.setdefault(f"{split}_set", [{"data": []}])[0]["data"].append(
+        entry.setdefault(f"{split}_set", [{**typed, "data": []}])[0]["data"].append(
             _numpy_item(item, path))
     return entry
 
@@ -454,7 +457,8 @@ def _hetero_metadata(name, num_nodes, edge_files, feature_files, target,
 def write_hetero_dataset(out_dir, num_nodes, edges, labels, train_idx,
                          val_idx, test_idx, target, features=None,
                          num_classes=None, name=None, force=False, kind=None,
-                         inputs=()):
+                         inputs=(), link_task=None, relation=None,
+                         reverse=None, link_names=None, keep_leaked_edges=False):
     """Validate and write a graph of several node and edge types.
 
     num_nodes: {node type: count}. edges: {"src:relation:dst": int (2, E)},
@@ -463,6 +467,14 @@ def write_hetero_dataset(out_dir, num_nodes, edges, labels, train_idx,
         are left to the model, e.g. a learned embedding).
     labels, num_classes, kind and the split ids are as write_ondisk_dataset
         takes them, on the node type `target` (ids within that type).
+    link_task: a gbrun.data.links.LinkTask on the edge type `relation`
+        (ids within each end's type), written as a second task whose pairs
+        are of that type; `reverse`, the edge type holding the relation's
+        edges the other way round (typed_links.NO_REVERSE: none does), is
+        written beside it ("reverse_relation"), for the trainer to take a
+        batch's pairs out of both; refused where its answers leak, as
+        write_ondisk_dataset refuses (gbrun.data.typed_links.leaks, through
+        either relation). `link_names`: how messages name its inputs.
     Raises DatasetError with one line naming the bad input; writes nothing
     then, and never leaves out_dir half written.
     """
@@ -478,6 +490,10 @@ def write_hetero_dataset(out_dir, num_nodes, edges, labels, train_idx,
                            **{split: f"{split} ids of {target}" for split in splits}})
     num_classes = check_labels(labels, num_nodes[target], num_classes, names, kind)
     check_splits(splits, num_nodes[target], names)
+    if link_task is not None:
+        typed_links.check(link_task, relation, reverse, num_nodes, list(edges), link_names)
+        _refuse_leaks(typed_links.leaks(link_task, relation, reverse, edges, num_nodes,
+                                        link_names, keep_leaked_edges))
     if kind == "value":
         labels = labels.reshape(labels.shape[0], -1)
     # File names: no "pt" anywhere (GraphBolt's preprocessing rewrites it).
@@ -486,8 +502,13 @@ def write_hetero_dataset(out_dir, num_nodes, edges, labels, train_idx,
     name = name or os.path.basename(os.path.abspath(out_dir))
     metadata = _hetero_metadata(name, num_nodes, edge_files, feature_files,
                                 target, num_classes, splits)
+    if link_task is not None:
+        metadata["tasks"].append({**_link_metadata(link_task, relation), "reverse_relation":
+                                  None if reverse == typed_links.NO_REVERSE else reverse})
 
     def write(directory):
+        for *_, path, array in (_link_files(link_task) if link_task else ()):
+            save_npy(os.path.join(directory, path), array, np.int64)
         for etype, path in edge_files.items():
             save_npy(os.path.join(directory, path), edges[etype], np.int64)
         for ntype, path in feature_files.items():
@@ -512,4 +533,5 @@ def write_hetero_dataset(out_dir, num_nodes, edges, labels, train_idx,
         "num_classes": num_classes,
         "label_kind": kind,
         "split_sizes": {split: int(len(ids)) for split, ids in splits.items()},
+        "link_sizes": None if link_task is None else links.sizes(link_task),
     }

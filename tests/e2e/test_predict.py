@@ -184,3 +184,12 @@ def test_predictions_of_another_kind_than_labels_are_refused(tmp_path):
             "last layer output node types user, item")):
         every_node.save(torch.tensor([7, 8, 9]), str(tmp_path / "p.npy"),
                         "class")
+    # Unless the caller names the one it writes (a link model's two ends).
+    every_node.types["item"].dataset_ids = lambda: torch.arange(5)
+    every_node.save(torch.arange(5), str(tmp_path / "i.npy"), "class", "item")
+    assert np.load(tmp_path / "i.npy").tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(RuntimeError, match=(
+            "outputs of node type 'shop' asked for, but the model's last "
+            "layer output node types user, item")):
+        every_node.save(torch.arange(5), str(tmp_path / "i.npy"), "class",
+                        "shop")

@@ -2,6 +2,8 @@
 It takes torch's and DGL's CUDA availability as arguments, so every mode is
 checked here without a GPU."""
 
+import os
+
 import pytest
 
 from gbrun.cli import UsageError
@@ -43,7 +45,8 @@ def test_auto_with_cuda_dgl_but_no_cuda_torch_is_cpu_ranks():
 
 def test_cpu_ranks_see_no_gpu_and_gpu_ranks_see_theirs():
     cpu = plan(["--gpu=0,1"], cuda=True, num_gpus=2, dgl_cuda=False)
-    lo = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+    lo = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
+          "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
     assert cpu.rank_env == {"OMP_NUM_THREADS": "1",
                             "CUDA_VISIBLE_DEVICES": "", **lo}
     gpu = plan(["--gpu=0,1"], cuda=True, num_gpus=2)
