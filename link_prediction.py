@@ -120,7 +120,8 @@ def create_optimizer(model, args):
 
 def resume_key(model, optimizer, scheduler, args, fanout):
     """What a checkpoint must agree on to be resumed (see
-    node_classification.py's): here also the task and the negatives."""
+    node_classification.py's): here also the loss, the task and the
+    negatives."""
     return {
         "model": {
             "repr": repr(model),
@@ -128,6 +129,7 @@ def resume_key(model, optimizer, scheduler, args, fanout):
         },
         "optimizer": checkpoint.hyperparameters(optimizer),
         "scheduler": checkpoint.hyperparameters(scheduler),
+        "loss": "binary cross-entropy",
         "dataset": datasets.dataset_identity(args.dataset),
         "features": FEATURE_KEYS,
         "task": TASK,

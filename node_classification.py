@@ -318,7 +318,7 @@ def train(rank, args, model, optimizer, scheduler, train_loader, valid_loader,
                                     enabled=x.dtype == torch.bfloat16):
                     y_hat = model(data.blocks, x)
 
-                # The loss in fp32, whatever the forward pass computed in.
+                # The loss in fp32 (yours? add what it is to resume_key).
                 loss = F.cross_entropy(y_hat.float(), y)
 
                 optimizer.zero_grad()

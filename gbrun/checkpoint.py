@@ -40,7 +40,7 @@ DATASET_KEY = "dataset"
 # batches are sampled and cut, the dropout that runs): a run that trains
 # nothing (--resume --predict of a finished run) does not compare them.
 TRAINING_KEYS = ("optimizer", "scheduler", "fanout", STEPS_KEY, "negatives",
-                 "dropout")
+                 "loss", "dropout")
 
 
 @dataclass

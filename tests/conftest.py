@@ -66,6 +66,15 @@ def small_dataset(synthetic):
 
 
 @pytest.fixture(scope="session")
+def link_dataset(synthetic):
+    """2,000 nodes, 10 classes, 80% of edges within a class, with a link
+    task: 8,959 train pairs, 489 validation and 489 test pairs with 50
+    negatives each (link_prediction.py and its edits)."""
+    return synthetic("links", "--num-nodes", 2000, "--avg-degree", 5,
+                     "--feat-dim", 32, "--link-negatives", 50)
+
+
+@pytest.fixture(scope="session")
 def multi_label_dataset(tmp_path_factory):
     """3,000 nodes with multi-hot labels of 5 classes (a node has one to
     three), written by the converter's writer, with a second node feature

@@ -49,13 +49,20 @@ REFERENCE = ["--gpu=0,1", "--batch-size", 64, "--fanout", "5,5,5",
 LEARNS_IN_3_EPOCHS = 0.87
 
 
-# docs/customising.md's diffs, in order.
+# docs/customising.md's diffs, in order, by the file each edits (its
+# header's `--- a/FILE`); each name is an edit's in edited_copy().
 CUSTOMISING = os.path.join(REPO, "docs", "customising.md")
-EDITS = ["gat", "cosine", "macro_f1", "keys", "multi_label", "best_model",
-         "two_features", "auroc", "accumulation", "early_stopping",
-         "regression", "hetero", "embedding"]
+EDITS = {
+    "node_classification.py": [
+        "gat", "cosine", "macro_f1", "keys", "multi_label", "best_model",
+        "two_features", "auroc", "accumulation", "early_stopping",
+        "regression", "hetero", "embedding"],
+    "link_prediction.py": [
+        "link_dot_product", "link_softmax", "link_auroc",
+        "link_degree_negatives", "link_hetero", "link_distmult"],
+}
 # Edits made on top of others (applied after them).
-ON_TOP_OF = {"embedding": ("hetero",)}
+ON_TOP_OF = {"embedding": ("hetero",), "link_distmult": ("link_hetero",)}
 # The heterogeneous edit's test accuracy must pass this (chance 0.2; a
 # user's own features alone 0.30). Seeds 0-5, 2 epochs, all neighbours:
 # 0.9000 0.8926 0.9056 0.9000 0.9037 0.8981; the floor sits below the lowest.
@@ -63,28 +70,44 @@ HETERO_FLOOR = 0.85
 
 
 def doc_diffs():
-    # The diffs of node_classification.py (those of link_prediction.py are
-    # test_hetero_link_prediction.py's).
-    blocks = re.findall(r"```diff\n(--- a/node_classification\.py\n.*?)```",
-                        open(CUSTOMISING).read(), re.S)
-    assert len(blocks) == len(EDITS), f"{len(blocks)} diff blocks in {CUSTOMISING}"
-    return dict(zip(EDITS, blocks))
+    """{edit's name: (the file it edits, the diff)}, named in EDITS' order
+    for each file."""
+    blocks = re.findall(r"```diff\n(.*?)```", open(CUSTOMISING).read(), re.S)
+    by_file = {name: [] for name in EDITS}
+    for block in blocks:
+        edited = re.match(r"--- a/(\S+)\n", block)
+        assert edited and edited[1] in EDITS, (
+            f"a diff block of {CUSTOMISING} edits no file of EDITS:\n"
+            f"{block[:200]}")
+        by_file[edited[1]].append(block)
+    diffs = {}
+    for name, found in by_file.items():
+        assert len(found) == len(EDITS[name]), (
+            f"{len(found)} diff blocks of {name} in {CUSTOMISING}")
+        diffs.update((edit, (name, block))
+                     for edit, block in zip(EDITS[name], found))
+    return diffs
 
 
 def edited_copy(tmp_path, *edits):
-    """A directory outside the checkout holding node_classification.py with
+    """A directory outside the checkout holding the file that `edits` edit
+    (all the same one: node_classification.py or link_prediction.py) with
     the doc's `edits` applied in turn; returns the copy's path."""
+    diffs = doc_diffs()
+    edited = {diffs[edit][0] for edit in edits}
+    assert len(edited) == 1, f"{edits} edit several files: {edited}"
+    edited = edited.pop()
     where = tmp_path / "+".join(edits)
     where.mkdir()
-    shutil.copy(SCRIPT, where)
+    shutil.copy(os.path.join(REPO, edited), where)
     for edit in edits:
-        (where / "edit.diff").write_text(doc_diffs()[edit])
+        (where / "edit.diff").write_text(diffs[edit][1])
         applied = subprocess.run(["git", "apply", "edit.diff"], cwd=where,
                                  capture_output=True, text=True, timeout=60)
         assert applied.returncode == 0, (
             f"docs/customising.md's {edit} diff no longer applies to "
-            f"node_classification.py (with {edits}):\n{applied.stderr}")
-    return str(where / "node_classification.py")
+            f"{edited} (with {edits}):\n{applied.stderr}")
+    return str(where / edited)
 
 
 def make_synthetic(out_dir, *extra):

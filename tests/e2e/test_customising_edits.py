@@ -102,11 +102,13 @@ def refusal(module, capsys, *argv):
 
 
 def test_every_diff_applies_to_the_example(tmp_path):
-    for edit in EDITS:
+    for edit in [edit for edits in EDITS.values() for edit in edits]:
         edited_copy(tmp_path, *ON_TOP_OF.get(edit, ()), edit)
     # The pairs the slow tests run together.
     edited_copy(tmp_path, "multi_label", "best_model")
     edited_copy(tmp_path, "two_features", "auroc")
+    edited_copy(tmp_path, "link_dot_product", "link_auroc")
+    edited_copy(tmp_path, "link_softmax", "link_degree_negatives")
 
 
 def other_keys(dataset, out):

@@ -9,9 +9,7 @@ the dataset checks' side: tests/unit/data/test_typed_links.py.)"""
 import json
 import os
 import re
-import shutil
 import signal
-import subprocess
 
 import numpy as np
 import pytest
@@ -22,7 +20,7 @@ import gbrun.data.datasets
 import gbrun.records
 import gbrun.stop
 from helpers import (
-    CUSTOMISING, NO_GPU, REPO, SCRIPTS, make_synthetic, run_examples,
+    NO_GPU, REPO, SCRIPTS, edited_copy, make_synthetic, run_examples,
     run_gloo_group,
 )
 
@@ -43,29 +41,11 @@ TEST_LINE = re.compile(r"^Test MRR .*$", re.M)
 EPOCH_LINE = re.compile(r"^(Epoch \d{5} \| Average Loss .*? \| )Time ", re.M)
 
 
-def link_diffs():
-    """docs/customising.md's diffs of link_prediction.py, in order: the
-    relational model, then DistMult."""
-    blocks = re.findall(r"```diff\n(.*?)```", open(CUSTOMISING).read(), re.S)
-    found = [block for block in blocks
-             if block.startswith("--- a/link_prediction.py\n")]
-    assert len(found) == 2, f"{len(found)} diffs of link_prediction.py"
-    return found
-
-
 def link_copy(where, edits):
-    """link_prediction.py with the first `edits` of link_diffs() applied, in
-    `where` (outside the checkout); returns its path."""
-    where.mkdir()
-    shutil.copy(LINK, where)
-    for diff in link_diffs()[:edits]:
-        (where / "edit.diff").write_text(diff)
-        applied = subprocess.run(["git", "apply", "edit.diff"], cwd=where,
-                                 capture_output=True, text=True, timeout=60)
-        assert applied.returncode == 0, (
-            "docs/customising.md's diff no longer applies to "
-            f"link_prediction.py:\n{applied.stderr}")
-    return str(where / "link_prediction.py")
+    """link_prediction.py with the first `edits` of docs/customising.md's
+    relational edits applied (the relational model, then DistMult), in a
+    directory below `where` (outside the checkout); returns its path."""
+    return edited_copy(where, *["link_hetero", "link_distmult"][:edits])
 
 
 def load(path, name):
@@ -94,7 +74,7 @@ def runs(shop, tmp_path_factory):
     seeded reference (two ranks, writing its embeddings), and the same
     stopped by SIGTERM inside epoch 1 and resumed."""
     out = tmp_path_factory.mktemp("hetero_links")
-    copy = link_copy(out / "copy", 2)
+    copy = link_copy(out, 2)
 
     def args(name, *extra, gpus="--gpu=0,1"):
         return [gpus, *map(str, ARGS), "--dataset", shop, "--checkpoint-dir",
@@ -212,7 +192,7 @@ def _sampled_edges_of_training_batches(rank, copy, dataset):
 @pytest.mark.slow
 def test_a_batch_samples_neither_its_purchases_nor_their_reverses(
         shop, tmp_path):
-    copy = link_copy(tmp_path / "relational", 1)
+    copy = link_copy(tmp_path, 1)
     batches, = run_gloo_group(_sampled_edges_of_training_batches, 1,
                               tmp_path, copy, shop)
     for pairs, sampled in batches:

@@ -18,12 +18,10 @@ import gbrun.checkpoint
 import gbrun.records
 import gbrun.stop
 
-from helpers import (
-    DISTRIBUTED, NO_GPU, REPO, make_synthetic, run_examples, run_gloo_group,
-)
+from helpers import DISTRIBUTED, NO_GPU, REPO, run_examples, run_gloo_group
 
 LINK = os.path.join(REPO, "link_prediction.py")
-NEGATIVES = 50
+NEGATIVES = 50  # of each evaluation pair in conftest.py's link_dataset
 # Two CPU ranks, 8 steps each per epoch on the dataset below. A batch of
 # 512 holds all of the 489 validation or test pairs, so rank 1 scores none.
 ARGS = ["--gpu=0,1", "--batch-size", 512, "--fanout", "5,5,5", "--lr", 0.003,
@@ -40,15 +38,6 @@ EPOCH_LINE = re.compile(r"^(Epoch \d{5} \| Average Loss .*? \| )Time ", re.M)
 # A stop check per step and one after each epoch's validation: check 12 is
 # read at step 4 of epoch 1 (test_resume.py says how the hook counts).
 STOP_AT_CHECK = 12
-
-
-@pytest.fixture(scope="module")
-def link_dataset(tmp_path_factory):
-    """2,000 nodes, 10 classes, 80% of edges within a class: 8,959 train
-    pairs, 489 validation and 489 test pairs with 50 negatives each."""
-    return make_synthetic(
-        tmp_path_factory.mktemp("links") / "data", "--num-nodes", 2000,
-        "--avg-degree", 5, "--feat-dim", 32, "--link-negatives", NEGATIVES)
 
 
 @pytest.fixture(scope="module")
