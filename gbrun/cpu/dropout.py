@@ -14,8 +14,11 @@ count.
 
 The kernel is a small C file compiled once per machine with the C compiler
 (`$CC`, else `cc`), cached in gbrun.cache's directory (~/.cache/gbrun,
-if it is this user's own); without a compiler the
-model keeps torch's dropout (kernel_problem() says why).
+where no other user can change what is in it); without a compiler, or where
+the file of that name there is not this user's own build (a symlink, another
+user's, writable by others, not the kernel), the model keeps torch's dropout
+(kernel_problem() says why, in one line). It is loaded from a copy of the
+file checked, made through descriptors (_open_library).
 
 Module state: `_kernel`, the kernel this process loaded (or why it could
 not), built or loaded at its first use and kept for the process's life (a
@@ -44,6 +47,7 @@ FLAGS = ["-O3", "-march=native", "-std=c99", "-fPIC"] + (
     ["-mprefer-vector-width=512"] if platform.machine() == "x86_64" else [])
 MAX_ELEMENTS = 2**32  # the kernel numbers elements with 32 bits
 _kernel = None  # (library or None, the reason it is None)
+AGAIN = "remove it, and the next launch builds the kernel again"
 
 
 def kernel_problem():
@@ -56,29 +60,83 @@ def _load():
     global _kernel
     if _kernel is None:
         try:
-            library = ctypes.CDLL(_build())
+            library = _open_library()
         except (OSError, subprocess.SubprocessError) as error:
             _kernel = (None, str(error))
         else:
-            library.gbrun_dropout.restype = None
-            library.gbrun_dropout.argtypes = [
-                ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32,
-                ctypes.c_float, ctypes.c_int, ctypes.c_int,
-            ]
-            library.gbrun_relu_dropout_backward.restype = None
-            library.gbrun_relu_dropout_backward.argtypes = [
-                ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int,
-            ]
             _kernel = (library, None)
     return _kernel
 
 
-def _build():
-    """The path of the compiled kernel, compiling it first if this source,
-    compiler, OpenMP runtime and CPU have none yet. Concurrent ranks each
-    compile to files of their own and rename the result into place."""
+def _open_library():
+    """The kernel, loaded from the cache (built into it first where this
+    source, compiler, OpenMP runtime and CPU have none yet). What is loaded
+    is the file checked, through descriptors (gbrun.cache): a copy of its
+    bytes, made from its descriptor into a fresh directory of the checked
+    cache directory, reached through that directory's descriptor too."""
+    compiler, openmp, key = _key()
+    path, directory = cache.open_cache_dir()  # this user's only
+    name = f"dropout-{key}.so"
+    try:
+        try:
+            fd = _open_built(directory, name, os.path.join(path, name))
+        except FileNotFoundError:
+            _build(compiler, openmp, path, directory, name)
+            fd = _open_built(directory, name, os.path.join(path, name))
+        with os.fdopen(fd, "rb") as built:
+            library = _load_copy(built, directory, name)
+    finally:
+        os.close(directory)
+    return _declare(library, os.path.join(path, name))
+
+
+def _open_built(directory, name, path):
+    try:
+        return cache.open_file(directory, name, path)
+    except cache.CacheError as error:
+        raise cache.CacheError(f"{error}; {AGAIN}") from None
+
+
+def _load_copy(built, directory, name):
+    """ctypes.CDLL of a copy of `built`'s bytes. A fresh path each time:
+    the dynamic loader reuses a library already loaded under the same
+    name, whatever the file there now."""
+    fresh = tempfile.mkdtemp(dir=f"/proc/self/fd/{directory}", prefix="load-")
+    try:
+        copy = os.path.join(fresh, name)
+        with open(copy, "xb") as f:
+            shutil.copyfileobj(built, f)
+        return ctypes.CDLL(copy)
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
+
+
+def _declare(library, path):
+    """`library` with its two functions' types set; OSError where it lacks
+    them (a file of that name that is not this kernel)."""
+    try:
+        dropout = library.gbrun_dropout
+        backward = library.gbrun_relu_dropout_backward
+    except AttributeError:  # its own words name the copy, not `path`
+        raise OSError(f"{path} is not gbrun's dropout kernel (no "
+                      f"gbrun_dropout in it); {AGAIN}") from None
+    dropout.restype = None
+    dropout.argtypes = [
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32,
+        ctypes.c_float, ctypes.c_int, ctypes.c_int,
+    ]
+    backward.restype = None
+    backward.argtypes = [
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int,
+    ]
+    return library
+
+
+def _key():
+    """(compiler, OpenMP runtime, the key of what they build from this
+    source on this CPU)."""
     name = os.environ.get("CC") or "cc"
     compiler = shutil.which(name)
     if compiler is None:
@@ -92,11 +150,14 @@ def _build():
         str((stat.st_size, stat.st_mtime_ns)).encode(), info.description().encode(),
         str(openmp).encode(),
     ])).hexdigest()[:16]
-    directory = cache.cache_dir()  # this user's only (gbrun.cache)
-    path = os.path.join(directory, f"dropout-{key}.so")
-    if os.path.exists(path):
-        return path
-    partial = tempfile.mkdtemp(dir=directory, prefix="build-")
+    return compiler, openmp, key
+
+
+def _build(compiler, openmp, path, directory, name):
+    """Compiles the kernel into `directory` (descriptor; `path`) as `name`.
+    Concurrent ranks each compile to files of their own and rename the
+    result into place."""
+    partial = tempfile.mkdtemp(dir=path, prefix="build-")
     # Compiled with OpenMP, but linked against torch's runtime rather than
     # the compiler's: one pool of threads, no second one competing with it.
     steps = [
@@ -114,10 +175,13 @@ def _build():
             if done.returncode != 0:
                 last = (done.stderr.strip().splitlines() or ["no output"])[-1]
                 raise OSError(f"{compiler} failed to compile {SOURCE}: {last}")
-        os.replace(os.path.join(partial, "dropout.so"), path)
+        # Writable by nobody else whatever the umask (open_file refuses
+        # one that is).
+        os.chmod(os.path.join(partial, "dropout.so"), 0o755)
+        os.replace(os.path.join(partial, "dropout.so"), name,
+                   dst_dir_fd=directory)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    return path
 
 
 def _openmp_runtime():

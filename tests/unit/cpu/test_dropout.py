@@ -5,6 +5,7 @@ its neighbours and of other calls; its mask repeats with torch's seed at
 any thread count; backward applies the forward's mask; ReLU then dropout
 equals the two one after the other, to the bit; everything it does not
 handle, and a machine where it cannot be built, falls back to torch's."""
+import ctypes
 import math
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import gbrun.cache
 import gbrun.graphbolt
 import gbrun.cpu.dropout as fused
 import gbrun.plan as planning
@@ -289,6 +291,195 @@ def test_a_cache_that_is_not_private_is_a_notice_not_a_kernel(
     problem = fused.kernel_problem()
     assert problem and "is writable by others (mode 0777)" in problem
     assert list(shared.iterdir()) == []
+
+
+# A library a local user could plant where the kernel is looked for: its
+# constructor, run at dlopen, leaves a marker; it has the kernel's two
+# functions (doing nothing), so a loader that takes it goes on without error.
+PLANTED = r"""
+#include <stdio.h>
+__attribute__((constructor)) static void planted(void) {
+    FILE *marker = fopen(MARKER, "w");
+    if (marker) fclose(marker);
+}
+void gbrun_dropout(void) {}
+void gbrun_relu_dropout_backward(void) {}
+"""
+# Another user: exchanges the entries gbrun and evil of the directory it is
+# handed (descriptor argv[1]) with renameat2(RENAME_EXCHANGE), in a loop
+# until SIGTERM (argv[2] "loop"; 60 s at most), or once per byte read, when
+# the test says the moment has come ("ask": the exchange that wins every
+# race); then prints how many exchanges were done and refused.
+SWAPPER = r"""
+#define _GNU_SOURCE
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+static volatile sig_atomic_t stop;
+static void on_term(int sig) { stop = 1; }
+int main(int argc, char **argv) {
+    int fd = atoi(argv[1]), ask = strcmp(argv[2], "ask") == 0;
+    long done = 0, refused = 0;
+    char byte;
+    signal(SIGTERM, on_term);
+    alarm(60);
+    puts("started");
+    fflush(stdout);
+    while (!stop && (!ask || read(0, &byte, 1) == 1)) {
+        if (syscall(SYS_renameat2, fd, "gbrun", fd, "evil", 2) == 0) done++;
+        else refused++;
+        if (ask) { puts("exchanged"); fflush(stdout); }
+    }
+    printf("%ld %ld\n", done, refused);
+    return 0;
+}
+"""
+OTHER_UID = 12345
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The kernel built here (its file's name and bytes), the planted library
+    (with its marker's path), one without the kernel's functions, and the
+    swapper."""
+    assert fused.kernel_problem() is None
+    maps = open("/proc/self/maps").read()
+    name = os.path.basename(next(line.split()[5] for line in maps.splitlines()
+                                 if "/dropout-" in line))
+    kernel = open(os.path.join(gbrun.cache.cache_dir(), name), "rb").read()
+    where = tmp_path_factory.mktemp("planted")
+    made = {"name": name, "kernel": kernel, "marker": where / "constructor-ran"}
+    for output, source, flags in [
+            ("planted.so", PLANTED, ["-shared", "-fPIC",
+                                     f'-DMARKER="{made["marker"]}"']),
+            ("other.so", "int gbrun_nothing;", ["-shared", "-fPIC"]),
+            ("swapper", SWAPPER, [])]:
+        (where / f"{output}.c").write_text(source)
+        subprocess.run(["cc", *flags, "-o", where / output,
+                        where / f"{output}.c"], check=True)
+        made[output] = (where / output).read_bytes()
+    made["swapper_path"] = where / "swapper"
+    made["openmp"] = fused._openmp_runtime()  # 0.2 s: once
+    return made
+
+
+@pytest.fixture
+def fresh(built, monkeypatch):
+    """A kernel not loaded yet, its OpenMP runtime (part of the key) looked
+    up once for all tests; no marker."""
+    monkeypatch.setattr(fused, "_openmp_runtime", lambda: built["openmp"])
+    monkeypatch.setattr(fused, "_kernel", None)
+    if built["marker"].exists():
+        built["marker"].unlink()
+    return built
+
+
+def plant(path, content, uid=None, mode=0o755):
+    path.write_bytes(content)
+    os.chmod(path, mode)
+    if uid is not None:
+        os.chown(path, uid, -1)
+
+
+@pytest.mark.parametrize("make, problem", [
+    (lambda at, b: os.symlink(b["planted_path"], at), "is a symlink"),
+    (lambda at, b: plant(at, b["planted.so"], uid=OTHER_UID),
+     f"belongs to uid {OTHER_UID}, not to this user"),
+    (lambda at, b: plant(at, b["planted.so"], mode=0o666),
+     "is writable by others (mode 0666)"),
+    (lambda at, b: at.mkdir(), "is not a regular file"),
+    (lambda at, b: plant(at, b["other.so"]), "is not gbrun's dropout kernel"),
+])
+def test_a_kernel_file_that_is_not_this_users_own_build_is_a_notice(
+        fresh, monkeypatch, tmp_path, make, problem):
+    """Where the kernel's file is a symlink, not a regular file, another
+    user's, writable by others, or a library without its functions: one
+    line saying which and what to do, torch's dropout, and nothing planted
+    run."""
+    if "uid" in problem and os.geteuid() != 0:
+        pytest.skip("needs root to give a file to another user")
+    planted = tmp_path / "elsewhere.so"
+    plant(planted, fresh["planted.so"])
+    root = tmp_path / "gbrun"
+    root.mkdir(mode=0o700)
+    monkeypatch.setenv("GBRUN_CACHE", str(root))
+    make(root / fresh["name"], {**fresh, "planted_path": planted})
+    said = fused.kernel_problem()
+    assert str(root / fresh["name"]) in said and problem in said
+    assert "remove it" in said and "\n" not in said
+    assert not fresh["marker"].exists()
+    x = torch.randn(100, 100)
+    torch.manual_seed(0)
+    expected = F.dropout(x, 0.5, True)
+    torch.manual_seed(0)
+    assert torch.equal(dropout(0.5)(x), expected)
+
+
+TRIES = 50
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+@pytest.mark.parametrize("schedule", ["loop", "ask"])
+@pytest.mark.parametrize("mode, exchanged", [(0o777, True), (0o1777, False)])
+def test_another_user_swapping_the_cache_never_gets_a_library_loaded(
+        fresh, monkeypatch, tmp_path, mode, exchanged, schedule):
+    """XDG_CACHE_HOME in a directory anyone may write (0777), where another
+    user exchanges gbrun/ (the cache, with the kernel) and evil/ (theirs,
+    with their library under the kernel's name), in a loop (TRIES loads of
+    the kernel) or right before each load (a few): their library never runs
+    (the cache under that directory is passed over). Under a sticky one of
+    root's (1777, as /tmp) the cache is used, and their exchanges are
+    refused."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, mode)
+    ours, theirs = shared / "gbrun", shared / "evil"
+    ours.mkdir(mode=0o700)
+    plant(ours / fresh["name"], fresh["kernel"])
+    theirs.mkdir(mode=0o700)
+    plant(theirs / fresh["name"], fresh["planted.so"], uid=OTHER_UID)
+    os.chown(theirs, OTHER_UID, -1)
+    fallback = tmp_path / "tmp" / f"gbrun-{os.getuid()}"
+    fallback.mkdir(parents=True, mode=0o700)
+    plant(fallback / fresh["name"], fresh["kernel"])
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    monkeypatch.delenv("GBRUN_CACHE", raising=False)
+    directory = os.open(shared, os.O_RDONLY | os.O_DIRECTORY)
+    program = os.open(fresh["swapper_path"], os.O_RDONLY)
+    swapper = subprocess.Popen(
+        [f"/proc/self/fd/{program}", str(directory), schedule],
+        user=OTHER_UID, pass_fds=(directory, program),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    if schedule == "ask":  # between the checks and the load, every time
+        load = ctypes.CDLL
+
+        def exchange_then_load(*args, **kwargs):
+            swapper.stdin.write("x")
+            swapper.stdin.flush()
+            assert swapper.stdout.readline() == "exchanged\n"
+            return load(*args, **kwargs)
+
+        monkeypatch.setattr(ctypes, "CDLL", exchange_then_load)
+    try:
+        assert swapper.stdout.readline() == "started\n"
+        for attempt in range(TRIES if schedule == "loop" else 4):
+            # Spelled anew each time: the loader reuses a library already
+            # loaded under the same name.
+            monkeypatch.setenv("XDG_CACHE_HOME", str(shared) + "/." * attempt)
+            monkeypatch.setattr(fused, "_kernel", None)
+            assert fused.kernel_problem() is None
+            assert not fresh["marker"].exists(), f"ran at attempt {attempt}"
+    finally:
+        swapper.stdin.close()
+        swapper.terminate()
+        done, refused = map(int, swapper.stdout.read().split())
+        swapper.wait(timeout=60)
+        os.close(directory)
+        os.close(program)
+    assert (done > 0) is exchanged and done + refused > 0, (done, refused)
 
 
 @pytest.mark.parametrize("mode, problem, fused_dropout, notice", [
