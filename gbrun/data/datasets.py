@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from .. import cache
 from ..cache import CacheError, passed_over
 from ..cli import UsageError
 from ..graphbolt import gb
@@ -133,7 +134,17 @@ def load_directory(directory, name):
         for reason in passed_over("datasets"):
             print(f"The preferred cache was passed over: {reason}.",
                   flush=True)
-    return staging.open_graphbolt(path, preprocessed=True).load()
+    # Loaded from the directory that was checked (a descriptor of it: a
+    # cache path swapped meanwhile is not followed to another's pickles).
+    try:
+        descriptor = cache.open_dir(path)
+    except CacheError as error:
+        raise UsageError(f"dataset '{name}': {error}") from None
+    try:
+        return staging.open_graphbolt(f"/proc/self/fd/{descriptor}",
+                                      preprocessed=True).load()
+    finally:
+        os.close(descriptor)
 
 
 def dataset_identity(name_or_dir):
