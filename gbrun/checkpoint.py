@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import outputs
+from .records import METRICS_FILE
 from .cli import UsageError
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -79,8 +81,8 @@ class DirectoryLock:
 
     def __init__(self, directory):
         path = os.path.join(directory, LOCK_FILE)
-        self.descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
-                                  0o644)
+        self.descriptor = outputs.open_own(path, os.O_RDWR,
+                                           "--checkpoint-dir's lock file")
         try:
             fcntl.flock(self.descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -123,6 +125,11 @@ def start_or_resume(args, key, plan, epochs, lock=None):
                                   os.path.abspath(predict)))):
         if directory:
             writable_directory(option, directory)
+    if predict:
+        outputs.check_replaceable(predict, "--predict")
+    if args.log_dir:  # checked before training, not at the first epoch's end
+        os.close(outputs.open_own(os.path.join(args.log_dir, METRICS_FILE),
+                                  os.O_WRONLY | os.O_APPEND, "--log-dir's"))
     if lock is None:
         lock = plan.rank_offset == 0
     held = DirectoryLock(args.checkpoint_dir) if (

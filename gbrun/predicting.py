@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import sources
+from . import outputs, sources
 from .batches import Batches
 from .checkpoint import save_atomically
 
@@ -219,9 +219,11 @@ class EveryNode:
         ordered = torch.empty_like(predictions)
         ordered[shared.dataset_ids()] = predictions
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        # Written whole or not at all.
+        outputs.check_replaceable(path, "--predict")
+        # Written whole or not at all, then recorded as --predict's.
         save_atomically(ordered.numpy(), path,
                         save=lambda array, f: np.save(f, array))
+        outputs.write_record(path)
         what = "Embeddings" if labels == "embedding" else "Predictions"
         print(f"{what} of {len(ordered)} nodes written to {path}", flush=True)
 

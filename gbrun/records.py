@@ -5,6 +5,8 @@ import json
 import math
 import os
 
+from .outputs import open_own
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -15,5 +17,7 @@ def append_metrics(directory, record):
     takes, not a bare NaN."""
     record = {key: None if isinstance(value, float) and not math.isfinite(
         value) else value for key, value in record.items()}
-    with open(os.path.join(directory, METRICS_FILE), "a") as f:
+    path = os.path.join(directory, METRICS_FILE)
+    with os.fdopen(open_own(path, os.O_WRONLY | os.O_APPEND, "--log-dir's"),
+                   "a") as f:
         f.write(json.dumps(record, allow_nan=False) + "\n")

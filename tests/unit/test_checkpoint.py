@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -147,3 +148,62 @@ def test_model_pt_loads_only_into_the_model_that_trained_it(tmp_path):
     os.remove(tmp_path / checkpoint.MODEL_CONFIG_FILE)
     with pytest.raises(UsageError, match="writes it beside model.pt"):
         checkpoint.load_model(again, str(tmp_path))
+
+
+def _planted(tmp_path, name, kind):
+    """At tmp_path/name: a symlink, a hard link or a FIFO, each to a
+    victim file of a user's; returns the victim's path."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    target = tmp_path / name
+    if kind == "symlink":
+        os.symlink(victim, target)
+    elif kind == "hard link":
+        os.link(victim, target)
+    else:
+        os.mkfifo(target)
+    return victim
+
+
+@pytest.mark.parametrize("kind, said", [
+    ("symlink", "cannot be opened as a regular file (Too many levels of symbolic links"),
+    ("hard link", "is a file with 2 links (a hard link to another)"),
+    ("fifo", "regular file"),
+])
+def test_the_lock_and_metrics_are_never_written_through_a_link(tmp_path, kind, said):
+    """A lock or metrics.jsonl planted as a link to a user's file, or a
+    FIFO: one line naming it, the user's file untouched (a hard-linked lock
+    was truncated to 'pid N on HOST' before)."""
+    from gbrun import records
+
+    for name, write, what in (
+            (checkpoint.LOCK_FILE, lambda: checkpoint.DirectoryLock(str(tmp_path)),
+             "--checkpoint-dir's lock file"),
+            (records.METRICS_FILE, lambda: records.append_metrics(str(tmp_path), {"epoch": 0}),
+             "--log-dir's")):
+        victim = _planted(tmp_path, name, kind)
+        with pytest.raises(UsageError) as refused:
+            write()
+        assert str(refused.value).startswith(f"{what} {tmp_path / name}")
+        assert said in str(refused.value)
+        if kind != "fifo":
+            assert victim.read_text() == "precious"
+        os.remove(tmp_path / name)
+        victim.unlink()
+
+
+def test_predict_replaces_only_an_earlier_prediction(tmp_path):
+    """A file of the user's (a dataset's own .npy, say) at --predict's
+    name is refused before anything trains; a prediction --predict wrote
+    (its record beside it) is replaced, but not once it changed."""
+    from gbrun import outputs
+
+    path = tmp_path / "node_feat.npy"
+    np.save(path, np.ones(3))
+    with pytest.raises(UsageError, match="the file exists and is not one --predict wrote"):
+        outputs.check_replaceable(str(path), "--predict")
+    outputs.write_record(str(path))
+    outputs.check_replaceable(str(path), "--predict")  # an earlier one
+    np.save(path, np.zeros(3))
+    with pytest.raises(UsageError, match="not one --predict wrote"):
+        outputs.check_replaceable(str(path), "--predict")
