@@ -6,7 +6,7 @@ repository's git-tracked files, without data/ or runs/, with `.venv` linking
 to the environment running these tests, so `.venv/bin/python` and
 `.venv/bin/torchrun` work as the docs write them. The blocks of all files
 share that directory, like a user following along: docs/running.md trains on
-the data/synthetic that the README's quick start made. Each block is one
+the builtin synthetic dataset, as the README's quick start does. Each block is one
 test (`docs/running.md:12`); selecting a later one runs the blocks before it
 first.
 

@@ -94,8 +94,9 @@ def docs_prediction_snippet(dataset, model_dir):
     doc = open(os.path.join(REPO, "docs", "running.md")).read()
     blocks = [block.split("```")[0] for block in doc.split("```python\n")[1:]]
     (snippet,) = [block for block in blocks if "load_model" in block]
-    return snippet.replace("data/synthetic", dataset).replace(
-        '"runs/a"', repr(str(model_dir)))
+    assert 'load_dataset("synthetic")' in snippet and '"runs/a"' in snippet, snippet
+    return snippet.replace('load_dataset("synthetic")', f"load_dataset({str(dataset)!r})"
+                           ).replace('"runs/a"', repr(str(model_dir)))
 
 
 @pytest.mark.slow
