@@ -10,6 +10,9 @@ time and memory go, and what it adds on top of a bare GraphBolt loop.
     # One rank's time per batch by stage, at two fanouts, without full runs:
     python benchmarks/benchmark.py --dataset /tmp/perf200k --no-runs \\
         --stages 5,5,5 --stages 10,10,10
+    # link_prediction.py (2 ranks) against upstream's link-prediction step:
+    python scripts/make_synthetic_dataset.py /tmp/links --link-negatives 100
+    python benchmarks/benchmark.py --dataset /tmp/links --task link --repeat 3
 
 One invocation measures, on the same data:
   (a) the baseline: a bare single-process GraphBolt loop (ItemSampler,
@@ -26,6 +29,14 @@ One invocation measures, on the same data:
       fetching through GraphBolt's CPU read and through the example's, the
       model's step), one thread, for each --stages fanout, --precision and
       --dropout.
+With --task link, instead: (a) bare_link_loop.py, upstream DGL v2.1.0's
+link-prediction step in one process on torch's default threads, trained on
+ranks x --batches batches (as many positive pairs as the example's ranks
+together), and (b) link_prediction.py, alternating round by round; the
+table gives positive pairs/s (the median of the rounds, the slowest and
+fastest), x upstream (the median of each round's ratio) and the validation
+MRR after the two epochs. Its MRR compares where --batches covers the
+example's evaluation (every node in batches of --batch-size per rank).
 Every run is its own process tree, launched and watched from here:
 
 main
@@ -35,8 +46,10 @@ main
 │   ├── sample_tree                    CPU times (and PSS/USS) of every process
 │   └── summarize                      per-batch times, CPU in the training window
 ├── print_rows                         the tables
+├── link_rows / print_link             --task link: medians, x upstream, MRR
 ├── measure_stages / print_stages      --stages: one rank's split, per fanout
 ├── (child) bare_loop.py               the baseline, a module of its own
+├── (child) bare_link_loop.py          --task link: upstream's step, likewise
 └── (child) stage_split.py             the stage split, likewise
 
 Two epochs of N batches each: epoch 0 warms up (first DDP step, fresh heap,
