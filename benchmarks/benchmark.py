@@ -10,6 +10,9 @@ time and memory go, and what it adds on top of a bare GraphBolt loop.
     # One rank's time per batch by stage, at two fanouts, without full runs:
     python benchmarks/benchmark.py --dataset /tmp/perf200k --no-runs \\
         --stages 5,5,5 --stages 10,10,10
+    # link_prediction.py (2 ranks) against upstream's link-prediction step:
+    python scripts/make_synthetic_dataset.py /tmp/links --link-negatives 100
+    python benchmarks/benchmark.py --dataset /tmp/links --task link --repeat 3
 
 One invocation measures, on the same data:
   (a) the baseline: a bare single-process GraphBolt loop (ItemSampler,
@@ -26,6 +29,14 @@ One invocation measures, on the same data:
       fetching through GraphBolt's CPU read and through the example's, the
       model's step), one thread, for each --stages fanout, --precision and
       --dropout.
+With --task link, instead: (a) bare_link_loop.py, upstream DGL v2.1.0's
+link-prediction step in one process on torch's default threads, trained on
+ranks x --batches batches (as many positive pairs as the example's ranks
+together), and (b) link_prediction.py, alternating round by round; the
+table gives positive pairs/s (the median of the rounds, the slowest and
+fastest), x upstream (the median of each round's ratio) and the validation
+MRR after the two epochs. Its MRR compares where --batches covers the
+example's evaluation (every node in batches of --batch-size per rank).
 Every run is its own process tree, launched and watched from here:
 
 main
@@ -35,8 +46,10 @@ main
 │   ├── sample_tree                    CPU times (and PSS/USS) of every process
 │   └── summarize                      per-batch times, CPU in the training window
 ├── print_rows                         the tables
+├── link_rows / print_link             --task link: medians, x upstream, MRR
 ├── measure_stages / print_stages      --stages: one rank's split, per fanout
 ├── (child) bare_loop.py               the baseline, a module of its own
+├── (child) bare_link_loop.py          --task link: upstream's step, likewise
 └── (child) stage_split.py             the stage split, likewise
 
 Two epochs of N batches each: epoch 0 warms up (first DDP step, fresh heap,
@@ -97,6 +110,7 @@ from gbrun.cli import (
 )
 from gbrun.records import METRICS_FILE
 
+from bare_link_loop import LINK_EXAMPLE
 from bare_loop import EPOCHS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -128,6 +142,20 @@ def bare_command(args, threads, tuned, precision, log_dir):
         "--batches", str(args.batches), "--batch-size", str(args.batch_size),
         "--fanout", ",".join(map(str, args.fanout)), "--precision", precision,
     ] + (["--tuned"] if tuned else [])
+
+
+def bare_link_command(args, log_dir):
+    """Upstream's link-prediction step in one process (bare_link_loop.py),
+    trained on as many positive pairs per epoch as the example's ranks
+    together: ranks x --batches steps of --batch-size pairs."""
+    return [
+        sys.executable, os.path.join(HERE, "bare_link_loop.py"),
+        "--dataset", args.dataset, "--example", args.example,
+        "--log-dir", log_dir, "--batches", str(args.ranks[0] * args.batches),
+        "--batch-size", str(args.batch_size),
+        "--neg-ratio", str(args.neg_ratio),
+        "--fanout", ",".join(map(str, args.fanout)),
+    ]
 
 
 def dropout_flag(dropout):
@@ -207,7 +235,7 @@ def script_command(args, ranks, threads, workers, precision, dropout,
         "--precision",
         precision,
         dropout_flag(dropout),
-    ]
+    ] + (["--neg-ratio", str(args.neg_ratio)] if args.task == "link" else [])
 
 
 # ---------------------------------------------------------------- measuring
@@ -342,6 +370,8 @@ def summarize(epochs, samples, launched, ranks, batch_size):
         "wait_per_batch": last["data_wait"] / batches,
         "compute_per_batch": (last["train_time"] - last["data_wait"]) / batches,
         "startup_s": warm_start - launched,
+        # The link task's validation MRR after the last epoch.
+        "val_mrr": last.get("val_mrr"),
     }
     cpu_start, cpu_end = cpu_at(samples, train_start), cpu_at(samples, train_end)
     if cpu_start and cpu_end:
@@ -427,6 +457,66 @@ def print_stages(stages):
     print_rows(STAGE_COLUMNS, stages)
 
 
+LINK_COLUMNS = [  # (title, width, format, key)
+    ("run", 22, "", "name"),
+    ("pairs/s", 7, ".0f", "median_seeds_per_s"),
+    ("min", 6, ".0f", "worst_seeds_per_s"),
+    ("max", 6, ".0f", "seeds_per_s"),
+    ("x upstream", 10, ".2f", "vs_upstream"),
+    ("MRR", 6, ".4f", "median_val_mrr"),
+    ("MRR range", 13, "", "val_mrr_range"),
+    ("s/batch", 7, ".3f", "median_s_per_batch"),
+    ("wait", 6, ".3f", "median_wait_per_batch"),
+    ("compute", 7, ".3f", "median_compute_per_batch"),
+    ("load", 5, ".2f", "median_load_before"),
+]
+MEDIANS = ("seeds_per_s", "val_mrr", "s_per_batch", "wait_per_batch",
+           "compute_per_batch", "load_before")
+
+
+def median(values):
+    values = sorted(values)
+    middle = len(values) // 2
+    return (values[middle] if len(values) % 2
+            else (values[middle - 1] + values[middle]) / 2)
+
+
+def link_rows(runs, repeats):
+    """The link task's table, a record per configuration: medians over the
+    rounds (MEDIANS) beside the fastest and slowest, and x upstream, the
+    median over rounds of its positive pairs/s against the upstream loop's
+    in the same round (the two ran one after the other)."""
+    upstream = next((results for run, results in zip(runs, repeats)
+                     if run.ranks is None), None)
+    records = []
+    for run, results in zip(runs, repeats):
+        record = best_of(results)
+        measured = [r for r in results if "seeds_per_s" in r]
+        for key in MEDIANS:
+            values = [r[key] for r in measured if r.get(key) is not None]
+            if values:
+                record[f"median_{key}"] = median(values)
+        mrr = [r["val_mrr"] for r in measured if r.get("val_mrr") is not None]
+        if mrr:
+            record["val_mrr_all"] = mrr
+            record["val_mrr_range"] = f"{min(mrr):.4f}-{max(mrr):.4f}"
+        if upstream is not None and run.ranks is not None:
+            ratios = [mine["seeds_per_s"] / theirs["seeds_per_s"]
+                      for mine, theirs in zip(results, upstream)
+                      if "seeds_per_s" in mine and "seeds_per_s" in theirs]
+            if ratios:
+                record["vs_upstream_all"] = ratios
+                record["vs_upstream"] = median(ratios)
+        records.append(record)
+    return records
+
+
+def print_link(records):
+    print("positive pairs/s of all ranks (median of the rounds, min, max); "
+          "MRR: validation, after the same epochs")
+    print_rows(LINK_COLUMNS, records)
+
+
 def add_ratios(runs):
     """x bare: against the bare loop (default allocator) with as many threads
     per process; x cores: against it on as many threads in all; x 1rank:
@@ -510,34 +600,56 @@ def name_value(text):
     return text
 
 
-def model_layers(example):
+def model_layers(example, task):
     """The layers of the example's model: one fanout value each. Imports
     torch and DGL (seconds), so it comes after every cheap check."""
     import gbrun.cli
 
+    if task == "link":  # create_model(in_size): no classes
+        return len(gbrun.cli.load_example(
+            example, ("TASK", "create_model")).create_model(1).layers)
     return len(gbrun.cli.load_example(example).create_model(1, 2).layers)
+
+
+# What --task changes: the example, the baseline, and the defaults that
+# reproduce the figures of docs/performance.md for that task.
+TASK_DEFAULTS = {
+    "node": {"example": SHIPPED_EXAMPLE, "ranks": [1, 2], "threads": [1, 2],
+             "batches": 20, "batch_size": 1024},
+    "link": {"example": LINK_EXAMPLE, "ranks": [2], "threads": [1],
+             "batches": 100, "batch_size": 512},
+}
 
 
 def parse_args(argv=None):
     parser = ArgumentParser(
         description="Throughput, CPU and memory of node_classification.py "
-        "against a bare GraphBolt loop."
+        "(or link_prediction.py) against a bare GraphBolt loop."
     )
     parser.add_argument("--dataset", required=True, help="OnDiskDataset directory.")
     parser.add_argument(
-        "--ranks", type=count_list, default=[1, 2],
-        help="Rank counts. Default: 1,2")
+        "--task", choices=["node", "link"], default="node",
+        help="node: node_classification.py against bare_loop.py; link:"
+        " link_prediction.py against upstream's link-prediction step in one"
+        " process (bare_link_loop.py), positive pairs/s and MRR, median of"
+        " the rounds. Default: node",
+    )
     parser.add_argument(
-        "--threads", type=count_list, default=[1, 2],
-        help="Threads per rank (and for the bare loop). Default: 1,2",
+        "--ranks", type=count_list, default=None,
+        help="Rank counts. Default: 1,2 (--task link: 2, one value only)")
+    parser.add_argument(
+        "--threads", type=count_list, default=None,
+        help="Threads per rank (and for the bare loop; upstream's link loop"
+        " takes torch's default). Default: 1,2 (--task link: 1)",
     )
     parser.add_argument(
         "--num-workers", type=worker_list, default=[0],
         help="Data loader worker processes per rank. Default: 0",
     )
     parser.add_argument(
-        "--batches", type=int_at_least(1), default=20,
-        help="Batches per rank per epoch (and per evaluation). Default: 20",
+        "--batches", type=int_at_least(1), default=None,
+        help="Batches per rank per epoch (and per evaluation). Default: 20"
+        " (--task link: 100; the upstream loop steps ranks x as many)",
     )
     parser.add_argument(
         "--precision", type=precision_list, default=["fp32"],
@@ -550,12 +662,15 @@ def parse_args(argv=None):
         " and/or torch (--no-fused-dropout), for the example's runs and the"
         " stage split. Default: fused",
     )
-    parser.add_argument("--batch-size", type=int_at_least(1), default=1024)
+    parser.add_argument("--batch-size", type=int_at_least(1), default=None,
+                        help="Default: 1024 (--task link: 512 pairs)")
     parser.add_argument("--fanout", type=fanout_list, default=[10, 10, 10])
+    parser.add_argument("--neg-ratio", type=int_at_least(1), default=1,
+                        help="--task link: negatives per positive pair.")
     parser.add_argument(
-        "--example", type=python_file, default=SHIPPED_EXAMPLE,
+        "--example", type=python_file, default=None,
         help="The example to measure (its model is the bare loop's too). "
-        "Default: node_classification.py",
+        "Default: node_classification.py (--task link: link_prediction.py)",
     )
     parser.add_argument(
         "--launcher", choices=["spawn", "torchrun"], default="spawn",
@@ -598,13 +713,22 @@ def parse_args(argv=None):
     )
     parser.add_argument("--json", help="Also write every figure to this file.")
     args = parser.parse_args(argv)
+    for name, value in TASK_DEFAULTS[args.task].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.no_runs and not args.stages:
         parser.error("--no-runs needs --stages")
+    if args.task == "link" and args.stages:
+        parser.error("--stages splits node_classification.py's step only")
+    if args.task == "link" and len(args.ranks) > 1:
+        # The upstream loop trains as many pairs as the ranks together.
+        parser.error(f"--ranks '{','.join(map(str, args.ranks))}': --task"
+                     " link compares one rank count with upstream's loop")
     if not os.path.isfile(os.path.join(args.dataset, "metadata.yaml")):
         parser.error(f"--dataset '{args.dataset}' has no metadata.yaml")
     args.dataset = os.path.abspath(args.dataset)
     # Last: the example's model takes importing torch and DGL (seconds).
-    num_layers = model_layers(args.example)
+    num_layers = model_layers(args.example, args.task)
     for fanout in [args.fanout] + (args.stages or []):
         if len(fanout) != num_layers:
             parser.error(
@@ -622,7 +746,11 @@ def plan_runs(args, log_root):
     def log_dir():
         return os.path.join(log_root, str(len(runs)))
 
-    if not args.no_bare:
+    if args.task == "link" and not args.no_bare:
+        # torch's default threads (threads None), as upstream sets none.
+        runs.append(Run("upstream loop 1p", bare_link_command(args, log_dir()),
+                        threads=None, log_dir=log_dir()))
+    elif not args.no_bare:
         for precision, threads, tuned in itertools.product(
             args.precision, args.threads, (False, True)
         ):
@@ -652,7 +780,9 @@ def plan_runs(args, log_root):
 
 def run_once(args, run):
     """One measured run: a record of its settings and figures."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(run.threads))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if run.threads is not None:  # else torch's default, as upstream's
+        env["OMP_NUM_THREADS"] = str(run.threads)
     env.update(run.env)
     if args.wait_for_load is not None:
         wait_for_load(args.wait_for_load, deadline=time.time() + 600)
@@ -687,9 +817,11 @@ def run_once(args, run):
         print(f"{run.name}: failed (exit code {code}); its last lines:",
               file=sys.stderr)
         print("\n".join(tail), file=sys.stderr)
+    mrr = record.get("val_mrr")
     print(
-        f"  {run.name}: {record.get('seeds_per_s', 0):.0f} seeds/s, load "
-        f"{load_before:.2f} -> {record['load_after']:.2f}",
+        f"  {run.name}: {record.get('seeds_per_s', 0):.0f} seeds/s, "
+        + ("" if mrr is None else f"MRR {mrr:.4f}, ")
+        + f"load {load_before:.2f} -> {record['load_after']:.2f}",
         file=sys.stderr,
         flush=True,
     )
@@ -716,7 +848,7 @@ def main(argv=None):
     print(
         f"{args.dataset}: batch {args.batch_size}, fanout "
         f"{','.join(map(str, args.fanout))}, {args.batches} batches per rank "
-        f"per epoch, best of {args.repeat}; {os.cpu_count()} cores; load "
+        f"per epoch, {args.repeat} round(s); {os.cpu_count()} cores; load "
         f"{os.getloadavg()[0]:.2f}",
         flush=True,
     )
@@ -728,10 +860,14 @@ def main(argv=None):
         for _ in range(args.repeat):
             for run, results in zip(runs, repeats):
                 results.append(run_once(args, run))
-    records = [best_of(results) for results in repeats]
     all_runs = [r for results in repeats for r in results]
-    add_ratios(records)
-    if records:
+    if args.task == "link":
+        records = link_rows(runs, repeats)
+        print_link(records)
+    else:
+        records = [best_of(results) for results in repeats]
+        add_ratios(records)
+    if records and args.task == "node":
         print_rows(COLUMNS, records)
     stages = measure_stages(args) if args.stages else []
     if stages:

@@ -218,3 +218,74 @@ def test_benchmark_ratios_compare_like_with_like():
     torch_two = by_name["script 2r x 1t torch-dropout"]
     assert torch_two["vs_one_rank"] == pytest.approx(2.4)
     assert "vs_torch_dropout" not in torch_two
+
+
+# ------------------------------------------------------- the link task
+def test_link_arms_train_the_same_pairs(tmp_path, monkeypatch):
+    # --task link: upstream's loop (one process, torch's default threads)
+    # steps ranks x --batches batches of the example's size, fanout and
+    # negatives, so that both arms train as many pairs per epoch.
+    (tmp_path / "metadata.yaml").write_text("")
+    # The example's layers, without importing torch for them here.
+    monkeypatch.setattr(benchmark, "model_layers", lambda example, task: 3)
+    args = benchmark.parse_args(["--dataset", str(tmp_path), "--task", "link",
+                                 "--batches", "3", "--neg-ratio", "2"])
+    upstream, script = benchmark.plan_runs(args, str(tmp_path / "logs"))
+
+    def option(run, name):
+        return run.command[run.command.index(name) + 1]
+
+    assert upstream.threads is None and upstream.ranks is None
+    assert upstream.command[1].endswith("bare_link_loop.py")
+    assert script.command[1].endswith("link_prediction.py")
+    assert option(script, "--gpu") == "0,1"
+    assert option(upstream, "--batches") == "6"
+    assert option(script, "--max-batches") == "3"
+    for name, value in [("--batch-size", "512"), ("--fanout", "10,10,10"),
+                        ("--neg-ratio", "2"), ("--dataset", str(tmp_path))]:
+        assert option(upstream, name) == option(script, name) == value, name
+
+
+def test_link_table_pairs_each_round_with_upstreams():
+    # x upstream is the median of each round's ratio to upstream's run in
+    # the same round (here 2.0, 1.0, 1.25: 1.25), not the ratio of the
+    # medians (1,200 / 800 = 1.5); a failed round counts in neither.
+    runs = [benchmark.Run("upstream loop 1p", [], threads=None),
+            benchmark.Run("script 2r x 1t", [], ranks=2)]
+
+    def rounds(*figures):
+        return [{"exit_code": 0, "seeds_per_s": pairs, "val_mrr": mrr,
+                 "load_before": 1.0, "startup_s": 5.0}
+                if pairs else {"exit_code": 1} for pairs, mrr in figures]
+
+    repeats = [rounds((500, 0.30), (1200, 0.32), (800, 0.31), (900, 0.2)),
+               rounds((1000, 0.29), (1200, 0.30), (1000, 0.31), (None, 0))]
+    upstream, script = benchmark.link_rows(runs, repeats)
+    assert script["vs_upstream_all"] == [2.0, 1.0, 1.25]
+    assert script["vs_upstream"] == 1.25
+    assert script["median_seeds_per_s"] == 1000
+    assert (script["worst_seeds_per_s"], script["seeds_per_s"]) == (1000, 1200)
+    assert script["val_mrr_range"] == "0.2900-0.3100"
+    assert upstream["median_seeds_per_s"] == 850
+    assert upstream["median_val_mrr"] == pytest.approx(0.305)
+    assert "vs_upstream" not in upstream
+
+
+def test_upstream_link_loop_trains_and_scores(synthetic, tmp_path):
+    # Both epochs train --batches steps of --batch-size positive pairs; the
+    # last one is scored by the example's MRR (100 nodes, 10 negatives:
+    # chance is about 0.29, a score is in (0, 1]).
+    import bare_link_loop
+
+    dataset = synthetic("links-tiny", "--num-nodes", 100, "--avg-degree",
+                        4, "--feat-dim", 8, "--link-negatives", 10)
+    bare_link_loop.main(["--dataset", dataset, "--log-dir", str(tmp_path),
+                         "--batches", "2", "--batch-size", "16",
+                         "--fanout", "2,2,2"])
+    records = [json.loads(line) for line in
+               (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [0, 1]
+    assert all(r["pairs"] == 32 and r["seeds_per_second"] > 0
+               for r in records)
+    assert "val_mrr" not in records[0] and 0 < records[1]["val_mrr"] <= 1
+    assert records[1]["epoch_time"] >= records[1]["train_time"]
