@@ -81,6 +81,7 @@ class DirectoryLock:
 
     def __init__(self, directory):
         path = os.path.join(directory, LOCK_FILE)
+        self.descriptor = None  # (for close, where the open is refused)
         self.descriptor = outputs.open_own(path, os.O_RDWR,
                                            "--checkpoint-dir's lock file")
         try:

@@ -404,24 +404,31 @@ def test_a_killed_launcher_takes_its_ranks_and_their_memory_with_it(
         kill_session(job)
 
 
-def _fails_or_hangs(rank):
+def _fails_or_hangs(rank, ready):
     if rank == 1:
+        # Once rank 0 takes SIGTERM as a stop request (a loaded machine may
+        # start it late: then SIGTERM would still end it).
+        deadline = time.monotonic() + 120
+        while not os.path.exists(ready) and time.monotonic() < deadline:
+            time.sleep(0.05)
         raise RuntimeError("rank 1 fails")
     # As a rank does (StopSignal): SIGTERM is a stop request, not the end;
     # then hung, as a rank can be in gloo's teardown after its peer died.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    open(ready, "w").close()
     time.sleep(600)
 
 
 @pytest.mark.slow
-def test_a_failed_rank_ends_one_that_takes_sigterm_as_a_stop_request():
+def test_a_failed_rank_ends_one_that_takes_sigterm_as_a_stop_request(tmp_path):
     import threading
 
     import torch.multiprocessing as mp
 
     import gbrun.launch as launch
 
-    context = mp.spawn(_fails_or_hangs, nprocs=2, join=False)
+    context = mp.spawn(_fails_or_hangs, args=(str(tmp_path / "ready"),),
+                       nprocs=2, join=False)
     raised = []
 
     def join():
