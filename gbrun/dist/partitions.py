@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from ..cli import UsageError
 from ..sources import DataSource, LayerOutputs, ServedGraph
-from .files import ORIG_NIDS_FILE
+from .files import ORIG_NIDS_FILE, SPLIT_MASKS
 from .loader import DistLoader, num_items
 from .watch import Heartbeat
 
@@ -79,9 +79,9 @@ class Partitions(DataSource, ServedGraph):
         data = self.g.nodes[self.target].data if self.target else self.g.ndata
         splits = tuple(
             self.typed(dgl.distributed.node_split(
-                data[f"{name}_mask"], book, ntype=self.target or "_N",
+                data[mask], book, ntype=self.target or "_N",
                 rank=dist.get_rank(), force_even=True))
-            for name in ("train", "val", "test"))
+            for mask in SPLIT_MASKS)
         return self, self.g, splits
 
     def typed(self, nids):
