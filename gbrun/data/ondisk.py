@@ -52,7 +52,7 @@ from .inputs import (
     display_names, edge_warnings, find_warnings, label_kind, validate_inputs,
 )
 from .outdir import check_out_dir, write_atomically
-from .splits import NAMES, TABLE, TRAIN
+from .splits import TABLE, TRAIN
 
 # GraphBolt's preprocessing rewrites paths with .replace("pt", "npy"), so no
 # file name here may contain "pt".
@@ -253,7 +253,7 @@ def _write(out_dir, graph, labels, split_ids, num_classes, name, force, kind, in
     (`graph`, _OneType or _SeveralTypes: its checks, files and metadata):
     the splits, the labels and their files, the link task, the summary."""
     labels = np.asanyarray(labels)
-    splits = dict(zip(NAMES, split_ids))
+    splits = {split.name: ids for split, ids in zip(TABLE, split_ids)}
     check_out_dir(out_dir, force, inputs)  # fail before the slow checks
     kind, num_classes = graph.check(labels, splits, num_classes, kind)
     if link_task is not None:

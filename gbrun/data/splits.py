@@ -23,6 +23,5 @@ TABLE = (TRAIN, VALIDATION, TEST)
 # The splits a model is scored on.
 EVALUATED = (VALIDATION, TEST)
 
-NAMES = tuple(split.name for split in TABLE)
 ATTRIBUTES = tuple(split.attribute for split in TABLE)
 MASKS = tuple(split.mask for split in TABLE)
