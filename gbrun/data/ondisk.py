@@ -131,9 +131,11 @@ def _link_files(task):
     into seeds, labels and indexes)."""
     for split in TABLE:
         pairs, negatives = links.SETS[split.name]
-        yield split, "node_pairs", f"{split.prefix}_node_pairs.npy", np.asarray(getattr(task, pairs)).T
+        yield (split, "node_pairs", f"{split.prefix}_node_pairs.npy",
+               np.asarray(getattr(task, pairs)).T)
         if negatives:
-            yield split, "negative_dsts", f"{split.prefix}_negative_dsts.npy", getattr(task, negatives)
+            yield (split, "negative_dsts", f"{split.prefix}_negative_dsts.npy",
+                   getattr(task, negatives))
 
 
 def _link_metadata(task, relation=None):

@@ -19,10 +19,12 @@ def write_both(tmp_path):
     one = tmp_path / "one"
     several = tmp_path / "several"
     buys = np.stack([np.arange(NUM_NODES), np.arange(NUM_NODES) % 5])
-    return (one, write_small_dataset(one, arrays, force=False)), (several, ondisk.write_hetero_dataset(
+    one_summary = write_small_dataset(one, arrays, force=False)
+    several_summary = ondisk.write_hetero_dataset(
         several, {"user": NUM_NODES, "item": 5}, {"user:buys:item": buys}, arrays["labels"],
         arrays["train"], arrays["val"], arrays["test"], "user",
-        features={"user": arrays["features"]}))
+        features={"user": arrays["features"]})
+    return (one, one_summary), (several, several_summary)
 
 
 def test_both_writers_write_the_splits_alike_and_summarise_alike(tmp_path):
