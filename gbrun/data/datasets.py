@@ -2,16 +2,19 @@
 (gbrun.data.loading, handed on here), the feature store's keys, and the
 checks that refuse what the example cannot train on, in one line, before
 any rank starts (labels as gbrun.data.labels checks them, for the dataset
-writer too)."""
+writer too), and how a checkpoint names its dataset."""
+import os
+
 import torch
 
 from ..cli import UsageError
 from ..graphbolt import gb
+from . import fingerprint
 from . import labels as label_checks
 # The example reads these here (datasets.load_dataset(...)).
-from .loading import (  # noqa: F401
-    BUILTIN_DATASETS, COMES_WITH, dataset_identity, load_dataset,
-)
+from .loading import BUILTIN_DATASETS, COMES_WITH, load_dataset  # noqa: F401
+from .loading import dataset_directory
+from .metadata import read_metadata
 from .splits import ATTRIBUTES, TRAIN
 
 # The task's splits as GraphBolt names them, in the order a Job's item sets
@@ -32,6 +35,32 @@ def node_keys(feature_keys):
         return [node_key(name, ntype) for ntype, names in feature_keys.items()
                 for name in names]
     return [node_key(name) for name in feature_keys]
+
+
+def dataset_identity(name_or_dir):
+    """How a checkpoint names its dataset: {"path": where it was read (an
+    absolute path, or a builtin's name), "files": its content}, the content
+    being {file in the dataset: its size and SHA-256}
+    (gbrun.data.fingerprint), for a directory, a dataset that comes with
+    the example (made here: by its bytes, not its name) or a file (DGL
+    partitions' config), or a GraphBolt builtin's name. A resume compares
+    the content (the same bytes at another path are the same dataset) and
+    names the path (gbrun.checkpoint.check_key)."""
+    directory = dataset_directory(name_or_dir)
+    if directory is not None:
+        files = fingerprint.fingerprint(directory, read_metadata(directory))
+    elif os.path.isfile(name_or_dir):
+        files = {os.path.basename(name_or_dir): "{}:{}".format(
+            os.path.getsize(name_or_dir), fingerprint.file_digest(name_or_dir))}
+    else:
+        return {"path": name_or_dir, "files": name_or_dir}
+    described = {}
+    for path, value in files.items():
+        size, digest = value.split(":")
+        described[path] = f"{size} bytes, sha256 {digest[:12]}"
+    shown = name_or_dir if directory not in (None, name_or_dir) else (
+        os.path.abspath(name_or_dir))
+    return {"path": shown, "files": described}
 
 
 # Where a user with a heterogeneous graph reads what to do, for the node

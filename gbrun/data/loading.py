@@ -3,8 +3,8 @@ GraphBolt OnDiskDataset directory, read as data only
 (gbrun.data.metadata), never written to, and preprocessed once per
 content into gbrun's cache (gbrun.data.staging); a dataset that comes
 with the example, made on first use (gbrun.data.builtin); or a builtin
-GraphBolt dataset, downloaded. Also how a checkpoint names its dataset
-(dataset_identity). gbrun.data.datasets hands these to the example."""
+GraphBolt dataset, downloaded. gbrun.data.datasets hands these to the
+example."""
 import os
 
 from .. import cache
@@ -128,29 +128,3 @@ def load_directory(directory, name):
                                       preprocessed=True).load()
     finally:
         os.close(descriptor)
-
-
-def dataset_identity(name_or_dir):
-    """How a checkpoint names its dataset: {"path": where it was read (an
-    absolute path, or a builtin's name), "files": its content}, the content
-    being {file in the dataset: its size and SHA-256}
-    (gbrun.data.fingerprint), for a directory, a dataset that comes with
-    the example (made here: by its bytes, not its name) or a file (DGL
-    partitions' config), or a GraphBolt builtin's name. A resume compares
-    the content (the same bytes at another path are the same dataset) and
-    names the path (gbrun.checkpoint.check_key)."""
-    directory = dataset_directory(name_or_dir)
-    if directory is not None:
-        files = fingerprint.fingerprint(directory, read_metadata(directory))
-    elif os.path.isfile(name_or_dir):
-        files = {os.path.basename(name_or_dir): "{}:{}".format(
-            os.path.getsize(name_or_dir), fingerprint.file_digest(name_or_dir))}
-    else:
-        return {"path": name_or_dir, "files": name_or_dir}
-    described = {}
-    for path, value in files.items():
-        size, digest = value.split(":")
-        described[path] = f"{size} bytes, sha256 {digest[:12]}"
-    shown = name_or_dir if directory not in (None, name_or_dir) else (
-        os.path.abspath(name_or_dir))
-    return {"path": shown, "files": described}

@@ -9,8 +9,9 @@ import torch
 import torch.distributed as dist
 
 from ..cli import UsageError
+from ..data.splits import MASKS
 from ..sources import DataSource, LayerOutputs, ServedGraph
-from .files import ORIG_NIDS_FILE, SPLIT_MASKS
+from .files import ORIG_NIDS_FILE
 from .loader import DistLoader, num_items
 from .watch import Heartbeat
 
@@ -81,7 +82,7 @@ class Partitions(DataSource, ServedGraph):
             self.typed(dgl.distributed.node_split(
                 data[mask], book, ntype=self.target or "_N",
                 rank=dist.get_rank(), force_even=True))
-            for mask in SPLIT_MASKS)
+            for mask in MASKS)
         return self, self.g, splits
 
     def typed(self, nids):
