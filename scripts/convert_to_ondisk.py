@@ -75,7 +75,7 @@ import sys
 
 import numpy as np
 
-from gbrun.data import inputs, links, ondisk, typed_links
+from gbrun.data import inputs, links, ondisk, outdir, typed_links
 from gbrun.data.labels import KINDS as LABEL_KINDS
 from gbrun.cli import ArgumentParser, int_at_least
 
@@ -424,7 +424,7 @@ def load_splits(args, num_nodes):
 def convert_hetero(args):
     """Several node and edge types: read, and write with the checks of
     ondisk.write_hetero_dataset."""
-    ondisk.check_out_dir(args.out_dir, args.force, input_paths(args))
+    outdir.check_out_dir(args.out_dir, args.force, input_paths(args))
     num_nodes = dict(args.node_type)
     if args.target not in num_nodes:
         raise inputs.DatasetError(
@@ -509,7 +509,7 @@ def convert(args):
     else:
         names.update(train="--split (train)", validation="--split (val)", test="--split (test)")
     names = inputs.display_names(names)
-    ondisk.check_out_dir(args.out_dir, args.force, input_paths(args))  # before reading big files
+    outdir.check_out_dir(args.out_dir, args.force, input_paths(args))  # before reading big files
     features = load_npy(args.features)
     extra_features = {name: load_npy(path) for name, path in args.feature}
     labels = load_npy(args.labels)

@@ -1,25 +1,25 @@
-"""Datasets as the example reads them: loading a GraphBolt dataset (one
-place for every script), and the checks that refuse what the example
-cannot train on, in one line, before any rank starts (labels as
-gbrun.data.labels checks them, for the dataset writer too)."""
+"""Datasets as the example reads them: loading a GraphBolt dataset
+(gbrun.data.loading, handed on here), the feature store's keys, and the
+checks that refuse what the example cannot train on, in one line, before
+any rank starts (labels as gbrun.data.labels checks them, for the dataset
+writer too), and how a checkpoint names its dataset."""
 import os
 
 import torch
 
-from .. import cache
-from ..cache import CacheError, passed_over
 from ..cli import UsageError
 from ..graphbolt import gb
-from . import builtin, fingerprint, staging
+from . import fingerprint
 from . import labels as label_checks
-from .metadata import METADATA_FILE, MetadataError, read_metadata
+# The example reads these here (datasets.load_dataset(...)).
+from .loading import BUILTIN_DATASETS, COMES_WITH, load_dataset  # noqa: F401
+from .loading import dataset_directory
+from .metadata import read_metadata
+from .splits import ATTRIBUTES, TRAIN
 
-# GraphBolt's builtin datasets, downloaded; and those that come with the
-# example, made on first use (gbrun.data.builtin).
-BUILTIN_DATASETS = ["cora", "ogbn-arxiv", "ogbn-products", "ogbn-papers100M"]
-COMES_WITH = tuple(builtin.MADE)
-# The task's splits, in the order a Job's item sets hold them.
-SPLITS = ("train_set", "validation_set", "test_set")
+# The task's splits as GraphBolt names them, in the order a Job's item sets
+# hold them (gbrun.data.splits names them; distributed/ reads them here).
+SPLITS = ATTRIBUTES
 
 
 def node_key(name, node_type=None):
@@ -35,116 +35,6 @@ def node_keys(feature_keys):
         return [node_key(name, ntype) for ntype, names in feature_keys.items()
                 for name in names]
     return [node_key(name) for name in feature_keys]
-
-
-def load_dataset(name_or_dir, data_root="datasets"):
-    """The one place that reads datasets (the scripts use it too): an
-    OnDiskDataset directory, read as data only (gbrun.data.metadata), never
-    written to, and preprocessed once per content into gbrun's cache
-    (gbrun.data.staging); a dataset that comes with the example
-    (gbrun.data.builtin: `synthetic`, `synthetic-links`), made on first use
-    into that cache and then read as a directory; or else a builtin
-    GraphBolt dataset, downloaded from DGL under `data_root` on first use
-    and loaded as GraphBolt ships it."""
-    directory = dataset_directory(name_or_dir, announce=True)
-    if directory is not None:
-        dataset = load_directory(directory, name_or_dir)
-    elif name_or_dir in BUILTIN_DATASETS:
-        dataset = load_directory(downloaded(name_or_dir, data_root),
-                                 name_or_dir)
-    else:
-        raise UsageError(
-            f"--dataset '{name_or_dir}' is neither a builtin dataset "
-            f"({', '.join([*COMES_WITH, *BUILTIN_DATASETS])}) nor a directory"
-        )
-    if not dataset.tasks:
-        raise UsageError(f"dataset '{name_or_dir}' defines no task")
-    return dataset
-
-
-def downloaded(name, data_root):
-    """The directory of GraphBolt's builtin dataset `name` under
-    `data_root`, downloaded from DGL first where it is missing. It is then
-    read as any directory is (load_directory): by its metadata.yaml and
-    the raw files it names, never by a `preprocessed/` found there (an
-    archive's, or one planted by whoever can write `data_root`), whose
-    pickles would run code."""
-    directory = os.path.join(data_root, name)
-    if not os.path.lexists(directory):
-        try:
-            # Downloads and extracts; the dataset it returns is not loaded.
-            gb.BuiltinDataset(name, root=data_root)
-        except Exception as error:
-            raise UsageError(
-                f"could not fetch dataset '{name}' into '{data_root}' "
-                f"({type(error).__name__}: {error}); offline, --dataset "
-                "synthetic trains on a graph that comes with the example"
-            ) from None
-    return directory
-
-
-def dataset_directory(name_or_dir, announce=False):
-    """The directory --dataset `name_or_dir` names: itself where it is one
-    (also where a builtin has that name: a directory of the working
-    directory wins, as for any path), or the builtin's, made in gbrun's
-    cache now if missing (gbrun.data.builtin); None for GraphBolt's
-    builtins. `announce`: say which where it could be either, and where a
-    builtin was made."""
-    if os.path.isdir(name_or_dir):
-        if announce and name_or_dir in builtin.MADE:
-            print(f"--dataset {name_or_dir}: the directory "
-                  f"{os.path.abspath(name_or_dir)}, not the builtin dataset of "
-                  "that name (pass it from another directory for that one)",
-                  flush=True)
-        return name_or_dir
-    if name_or_dir not in builtin.MADE:
-        return None
-    try:
-        directory, made = builtin.directory(name_or_dir)
-    except CacheError as error:
-        raise UsageError(f"dataset '{name_or_dir}': {error}") from None
-    if made and announce:
-        same = " ".join(["make_synthetic_dataset.py DIR", builtin.options(name_or_dir)])
-        print(f"Made the builtin dataset '{name_or_dir}' in {directory} (once; "
-              f"{same.strip()} writes the same bytes).", flush=True)
-    return directory
-
-
-def load_directory(directory, name):
-    """The OnDiskDataset in `directory` (--dataset `name`), staged into
-    gbrun's cache and loaded."""
-    if not os.path.isfile(os.path.join(directory, METADATA_FILE)):
-        where = "" if directory == name else f" ({directory})"
-        other = (f" (for the builtin dataset '{name}', run from another "
-                 "directory)" if name in BUILTIN_DATASETS and not where else "")
-        raise UsageError(
-            f"--dataset '{name}'{where} is a directory without metadata.yaml, "
-            f"so it is not a GraphBolt OnDiskDataset{other}"
-        )
-    try:
-        metadata = read_metadata(directory)
-        files = fingerprint.fingerprint(directory, metadata)
-        path, made = staging.staged(directory, metadata, files)
-    except (MetadataError, CacheError) as error:
-        raise UsageError(f"dataset '{name}': {error}") from None
-    if made:
-        print(f"Preprocessed dataset '{name}' into {path} (once "
-              "for these bytes; the dataset itself is only read).",
-              flush=True)
-        for reason in passed_over("datasets"):
-            print(f"The preferred cache was passed over: {reason}.",
-                  flush=True)
-    # Loaded from the directory that was checked (a descriptor of it: a
-    # cache path swapped meanwhile is not followed to another's pickles).
-    try:
-        descriptor = cache.open_dir(path)
-    except CacheError as error:
-        raise UsageError(f"dataset '{name}': {error}") from None
-    try:
-        return staging.open_graphbolt(f"/proc/self/fd/{descriptor}",
-                                      preprocessed=True).load()
-    finally:
-        os.close(descriptor)
 
 
 def dataset_identity(name_or_dir):
@@ -237,7 +127,7 @@ def check_dataset(dataset, name, feature_keys, label_key, labels="class",
         for feature_key in feature_names:
             check_feature(dataset, name, feature_key, ntype)
     item_sets = []
-    for split in SPLITS:
+    for split in ATTRIBUTES:
         item_set = getattr(task, split)
         if item_set is None or len(item_set) == 0:
             raise UsageError(f"dataset '{name}' has an empty {split}")
@@ -294,10 +184,10 @@ def check_link_task(dataset, name, feature_keys, task_name, relation=None,
         for key in keys:
             check_feature(dataset, name, key, ntype)
     item_sets = []
-    for split in SPLITS:
+    for split in ATTRIBUTES:
         # The train set's pairs are sampled; each evaluation pair is scored
         # against its own row of negatives.
-        names = ("node_pairs",) if split == SPLITS[0] else (
+        names = ("node_pairs",) if split == TRAIN.attribute else (
             "node_pairs", "negative_dsts")
         item_set = getattr(task, split)
         if item_set is None or len(item_set) == 0:
@@ -311,7 +201,7 @@ def check_link_task(dataset, name, feature_keys, task_name, relation=None,
         items = item_set[0:len(item_set)]
         if None not in per_type:
             items = of_relation(items, name, split, relation)
-        if split == SPLITS[0]:
+        if split == TRAIN.attribute:
             item_sets.append(item_set)
             continue
         pairs, negatives = items

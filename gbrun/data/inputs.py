@@ -12,6 +12,7 @@ import numpy as np
 from . import labels as label_checks
 from .labels import BLOCK_ELEMENTS
 from .labels import kind_of as labels_kind_of
+from .splits import TABLE, TRAIN, VALIDATION
 
 
 class DatasetError(ValueError):
@@ -206,12 +207,12 @@ def check_splits(splits, num_nodes, names):
             raise DatasetError(
                 f"{where}: expected a 1-D integer array of node ids, got dtype {ids.dtype} shape {ids.shape}"
             )
-        if split == "train" and ids.size == 0:
+        if split == TRAIN.name and ids.size == 0:
             raise DatasetError(f"{where}: the train set is empty")
         if ids.size == 0:
             raise DatasetError(
                 f"{where}: the {split} set is empty, and the example "
-                f"{'validates' if split == 'validation' else 'tests'} on it "
+                f"{'validates' if split == VALIDATION.name else 'tests'} on it "
                 "(give it nodes, e.g. --split 0.6,0.2,0.2)")
         check_id_range(ids, num_nodes, where, "position", names["features"])
         ids = ids.astype(np.int64, copy=False)  # bincount refuses uint64
@@ -229,14 +230,8 @@ def check_splits(splits, num_nodes, names):
 
 def display_names(given=None):
     """Display name per input: a file name when the caller knows it."""
-    names = {
-        "edges": "edges",
-        "features": "features",
-        "labels": "labels",
-        "train": "train_idx",
-        "validation": "val_idx",
-        "test": "test_idx",
-    }
+    names = {"edges": "edges", "features": "features", "labels": "labels",
+             **{split.name: split.argument for split in TABLE}}
     names.update(given or {})
     return names
 

@@ -6,18 +6,19 @@ pass (leaks), or taken out (drop_leaked); a split of a plain edge list made
 (split). gbrun.data.ondisk writes it.
 
 A pair is undirected unless the task is `directed`: then (u, v) and (v, u)
-are two facts, and only the pair itself is an answer."""
+are two facts, and only the pair itself is an answer (counts_either_way)."""
 import dataclasses
 
 import numpy as np
 
 from .inputs import DatasetError, check_edges, check_id_range
+from .splits import EVALUATED, TABLE, TEST, VALIDATION
 
 TASK_NAME = "link_prediction"
-# Each set: (its LinkTask field, its negatives' field).
-SETS = {"train": ("train", None),
-        "validation": ("valid", "valid_negatives"),
-        "test": ("test", "test_negatives")}
+# Each set: (its LinkTask field, named as its files are; its negatives'
+# field, for the sets a model is scored on).
+SETS = {split.name: (split.prefix, f"{split.prefix}_negatives" if split in EVALUATED else None)
+        for split in TABLE}
 # How messages name the inputs where the caller gives no file names.
 NAMES = {"link train": "link_train", "link validation": "link_valid",
          "link validation negatives": "link_valid_negatives",
@@ -44,6 +45,13 @@ class LinkTask:
     def evaluated(self):
         """The validation then the test pairs, (2, V + T)."""
         return np.concatenate([self.valid, self.test], axis=1)
+
+
+def counts_either_way(directed=False, two_types=False):
+    """Whether a pair (u, v) also counts as (v, u), in every check and cut
+    of pairs: unless the task is `directed` (each direction its own fact)
+    or the pairs join `two_types` of node (none is another's reverse)."""
+    return not directed and not two_types
 
 
 def _keys(pairs, num_nodes, directed=True):
@@ -75,7 +83,7 @@ def drop_leaked(edges, task, num_nodes):
     """(edges, task) without the evaluation pairs, either way round unless
     the task is directed, in the graph's edges and in the train pairs:
     what --drop-leaked-edges does. Also returns how many of each it took."""
-    either_way = not task.directed
+    either_way = counts_either_way(task.directed)
     evaluated = task.evaluated()
     graph = without_pairs(edges, evaluated, num_nodes, either_way)
     train = without_pairs(task.train, evaluated, num_nodes, either_way)
@@ -93,7 +101,7 @@ def check(task, num_nodes, names=None):
         check_edges(getattr(task, field), num_nodes,
                     {"edges": names[f"link {split}"], "features": names["features"]})
     widths = {}
-    for split in ("validation", "test"):
+    for split in (VALIDATION.name, TEST.name):
         where = names[f"link {split} negatives"]
         negatives = np.asanyarray(getattr(task, SETS[split][1]))
         pairs = np.shape(getattr(task, SETS[split][0]))[1]
@@ -134,7 +142,7 @@ class _Evaluated:
         self.names = names
 
     def name(self, i):
-        split, j = ("validation", i) if i < self.num_valid else ("test", i - self.num_valid)
+        split, j = (VALIDATION.name, i) if i < self.num_valid else (TEST.name, i - self.num_valid)
         u, v = self.pairs[:, i]
         return f"{split} pair {j} ({u} -> {v}, in {self.names[f'link {split}']})"
 
@@ -166,7 +174,8 @@ def leaks(task, edges, num_nodes, names=None, keep_graph=False, one_way=False):
     directed = task.directed
     reverse = "" if directed else " (either way round)"
 
-    graph_holds = pairs_held(evaluated.pairs, edges, num_nodes, either_way=not directed)
+    graph_holds = pairs_held(evaluated.pairs, edges, num_nodes,
+                             either_way=counts_either_way(directed))
     if graph_holds.any():
         found.append(Leak("warning" if keep_graph else "leak", (
             f"the graph holds {evaluated.count(graph_holds, reverse)}: evaluation embeds "
@@ -239,9 +248,10 @@ def split(edges, num_nodes, fractions, num_negatives, rng, directed=False,
     evaluation pair, from `rng`. `destinations`: the pairs join two node
     types (directed, and u == v no loop), this many nodes of the second."""
     edges = np.asarray(edges)
-    directed = directed or destinations is not None
-    loops = (edges[0] == edges[1]) & (destinations is None)
-    keys = np.unique(_keys(edges[:, ~loops], num_nodes, directed))
+    two_types = destinations is not None
+    either_way = counts_either_way(directed, two_types)
+    loops = (edges[0] == edges[1]) & (not two_types)
+    keys = np.unique(_keys(edges[:, ~loops], num_nodes, directed=not either_way))
     cuts = np.cumsum([int(keys.shape[0] * f) for f in fractions])
     if cuts[0] < 1 or cuts[1] - cuts[0] < 1:
         raise DatasetError(
@@ -250,12 +260,11 @@ def split(edges, num_nodes, fractions, num_negatives, rng, directed=False,
     order = rng.permutation(keys.shape[0])
     valid, test = (np.stack(divmod(keys[np.sort(part)], num_nodes))
                    for part in np.split(order[:cuts[1]], cuts[:1]))
-    graph = without_pairs(edges, np.concatenate([valid, test], axis=1), num_nodes,
-                          either_way=not directed)
+    graph = without_pairs(edges, np.concatenate([valid, test], axis=1), num_nodes, either_way)
     negatives = [rng.integers(0, destinations or num_nodes, (pairs.shape[1], num_negatives),
                               dtype=np.int64) for pairs in (valid, test)]
     return graph, LinkTask(graph, valid, negatives[0], test, negatives[1],
-                           directed and destinations is None)
+                           directed and not two_types)
 
 
 def sizes(task):

@@ -12,6 +12,7 @@ import numpy as np
 
 from . import links
 from .inputs import DatasetError, check_edges, check_id_range
+from .splits import TEST, VALIDATION
 
 # The reverse relation of a relation the graph holds no edges of the other
 # way round, said on purpose (where the graph has an edge type from the
@@ -63,7 +64,7 @@ def check(task, relation, reverse, num_nodes, edge_types, names=None):
     size = max(num_nodes[src], num_nodes[dst])
     names = {**{f"link {split}": f"link {split} pairs of {relation}" for split in links.SETS},
              **{f"link {split} negatives": f"link {split} negatives of {relation}"
-                for split in ("validation", "test")},
+                for split in (VALIDATION.name, TEST.name)},
              "features": f"node types {src} and {dst}", **(names or {})}
     for split, (pairs_field, negatives_field) in links.SETS.items():
         where = names[f"link {split}"]
@@ -85,7 +86,8 @@ def held(pairs, relation, reverse, edges, num_nodes):
     either way round where both ends are of one node type (as on a graph of
     one)."""
     src, dst = ends(relation)
-    size, either_way = max(num_nodes[src], num_nodes[dst]), src == dst
+    size = max(num_nodes[src], num_nodes[dst])
+    either_way = links.counts_either_way(two_types=src != dst)
     found = links.pairs_held(pairs, edges[relation], size, either_way)
     if reverse not in (None, NO_REVERSE):
         found |= links.pairs_held(pairs, edges[reverse][::-1], size, either_way)
@@ -100,7 +102,8 @@ def without_pairs(edges, pairs, relation, reverse, num_nodes, either_way=None):
     scored on `pairs`."""
     src, dst = ends(relation)
     size = max(num_nodes[src], num_nodes[dst])
-    either_way = src == dst if either_way is None else either_way
+    if either_way is None:
+        either_way = links.counts_either_way(two_types=src != dst)
     kept = dict(edges)
     for etype, flip in ((relation, False), (reverse, True)):
         if etype not in (None, NO_REVERSE):
@@ -129,7 +132,7 @@ def drop_leaked(edges, task, relation, reverse, num_nodes):
     --drop-leaked-edges does; and how many it took of the graph and of the
     train pairs."""
     src, dst = ends(relation)
-    either_way = src == dst and not task.directed
+    either_way = links.counts_either_way(task.directed, two_types=src != dst)
     evaluated = task.evaluated()
     graph = without_pairs(edges, evaluated, relation, reverse, num_nodes, either_way)
     train = links.without_pairs(task.train, evaluated, max(num_nodes[src], num_nodes[dst]),

@@ -10,7 +10,7 @@ import torch
 
 from ..cli import UsageError
 from ..graphbolt import gb
-from ..data.datasets import SPLITS
+from ..data.splits import ATTRIBUTES, MASKS
 
 # The dataset's item sets in the partitioned graph's node ids (written by
 # partition_graph.py): the trainer's Job holds them, as on one machine.
@@ -19,8 +19,9 @@ ITEM_SETS_FILE = "item_sets.pt"
 ORIG_NIDS_FILE = "orig_nids.pt"
 # What the partition config does not record, beside it (dataset_info).
 DATASET_INFO_FILE = "dataset_info.json"
-# Node data of the partitions: a mask per split, as node_split takes them.
-SPLIT_MASKS = ("train_mask", "val_mask", "test_mask")
+# Node data of the partitions: a mask per split, as node_split takes them
+# (named in gbrun.data.splits; distributed/ reads them here).
+SPLIT_MASKS = MASKS
 
 
 def dataset_info(graph_name, num_classes, features, example, num_train,
@@ -66,7 +67,7 @@ def save_item_sets(out_dir, splits, orig_nids):
         return new_ids[torch.as_tensor(seeds)]
 
     saved = {}
-    for name, split in zip(SPLITS, splits):
+    for name, split in zip(ATTRIBUTES, splits):
         if isinstance(split, dict):
             saved[name] = {ntype: (renumbered(seeds, orig_nids[ntype]), labels)
                            for ntype, (seeds, labels) in split.items()}
@@ -94,4 +95,4 @@ def load_item_sets(part_dir):
         gb.ItemSetDict({ntype: item_set(items)
                         for ntype, items in splits[name].items()})
         if isinstance(splits[name], dict) else item_set(splits[name])
-        for name in SPLITS)
+        for name in ATTRIBUTES)

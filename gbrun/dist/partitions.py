@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ..cli import UsageError
+from ..data.splits import MASKS
 from ..sources import DataSource, LayerOutputs, ServedGraph
 from .files import ORIG_NIDS_FILE
 from .loader import DistLoader, num_items
@@ -79,9 +80,9 @@ class Partitions(DataSource, ServedGraph):
         data = self.g.nodes[self.target].data if self.target else self.g.ndata
         splits = tuple(
             self.typed(dgl.distributed.node_split(
-                data[f"{name}_mask"], book, ntype=self.target or "_N",
+                data[mask], book, ntype=self.target or "_N",
                 rank=dist.get_rank(), force_even=True))
-            for name in ("train", "val", "test"))
+            for mask in MASKS)
         return self, self.g, splits
 
     def typed(self, nids):

@@ -1,6 +1,6 @@
 """Tests of gbrun/data/links.py: a link-prediction task written beside the
 node task by scripts/convert_to_ondisk.py and make_synthetic_dataset.py
-(their main() in this process, as tests/unit/data/test_ondisk.py runs
+(their main() in this process, as tests/dataset_inputs.py runs
 them), loaded back with GraphBolt; bad inputs refused in one line, nothing
 written; the evaluation pairs a graph holds warned of or taken out."""
 import re
