@@ -55,7 +55,7 @@ import threading
 import time
 
 import gbrun.graphbolt  # noqa: F401 (first: one line if DGL cannot load)
-from gbrun import checkpoint, cli, launch, plan as planning
+from gbrun import checkpoint, cli, launch, planning
 from gbrun.data import datasets
 from gbrun.dist.cleanup import (
     fail_fast, samplers_die_with_trainer, unlink_job_memory,
@@ -221,7 +221,7 @@ def num_trainers(env, num_machines, samplers):
 
 
 def plan_devices(args, env=os.environ):
-    """The trainer's plan (gbrun.plan.plan_run as for a torchrun rank). A
+    """The trainer's plan (gbrun.planning.plan_run as for a torchrun rank). A
     server checks the plan of its machine's last trainer instead, so that a
     machine with fewer GPUs than trainers stops every process; it never
     trains, so it builds no dropout kernel."""

@@ -9,8 +9,9 @@ The rank runtime, which the example's run() and loop reach:
 
     cli         the one-line refusal of bad input, argument types, the
                 options gbrun reads (add_run_options), loading an example
-    plan        the device plan: devices, backend, world size, rendezvous,
-                threads (plan_run), decided once from what a Machine has
+    planning    the launch plan (a Plan): devices, backend, world size,
+                rendezvous, threads (plan_run), decided once from what a
+                Machine has
     launch      mp.spawn and torchrun, the Job every rank gets, a rank's
                 lifecycle (run_rank)
     stop        SIGTERM/SIGINT: every rank stops at one step, resumably

@@ -72,6 +72,13 @@ def add_run_options(parser):
     where training runs and how fast, what a run saves and logs, seeding
     and resuming."""
     run = parser.add_argument_group("running, saving and resuming (gbrun)")
+    add_device_options(run)
+    add_saving_options(run)
+    return parser
+
+
+def add_device_options(run):
+    """Where and how fast ranks train (add_run_options' first part)."""
     run.add_argument(
         "--mode", default="auto", choices=MODES,
         help="Dataset storage placement and train device: 'cpu' for CPU and"
@@ -107,6 +114,11 @@ def add_run_options(parser):
         help="Stop every training epoch and every evaluation after this many"
         " batches per rank (quick runs, benchmarks). Default: all.",
     )
+
+
+def add_saving_options(run):
+    """Seeding, what a run saves and logs, resuming, how it ends
+    (add_run_options' second part)."""
     run.add_argument(
         "--seed", type=int_at_least(0), default=None,
         help="Seed every random stream on every rank: the same seed repeats"
@@ -147,7 +159,6 @@ def add_run_options(parser):
         help="Append one JSON line per epoch and one for the test result to"
         " metrics.jsonl here.",
     )
-    return parser
 
 
 def int_at_least(minimum):

@@ -29,7 +29,7 @@ from torch.multiprocessing.reductions import ForkingPickler
 
 from . import sources, stop
 from .cli import UsageError, fail, is_first_process
-from .plan import plan_run
+from .planning import plan_run
 
 @dataclass
 class Job:

@@ -15,6 +15,10 @@ says what each provides).
 On a graph of several node types, all of this is per node type (ids within
 the type), and the file holds the type the last layer outputs. Memory on
 one machine: two (N, width) float32 tensors per rank (per node type).
+
+The example makes an EveryNode on every rank; it hands a layer's outputs
+to LayerShares, which exchanges them between the ranks, and rank 0's
+predictions to write_predictions, which writes the file.
 """
 import os
 
@@ -68,10 +72,7 @@ class EveryNode:
         # graph servers.
         self.item_set, self.types = sources.of(job.dataset).every_node(
             graph, self.device)
-        # This rank's (seed ids, outputs) of the current layer, per type
-        # (None: a graph of one node type).
-        self.rows = {}
-        self.checked = set()  # every node once (a type's first layer shows it)
+        self.shares = LayerShares(self.types, self.device)
 
     def batches(self, dataloader, layer_idx):
         """`dataloader`'s pass over this rank's nodes for layer `layer_idx`,
@@ -98,7 +99,73 @@ class EveryNode:
     def add(self, data, outputs):
         """This rank's outputs of `data`'s seed nodes for the current layer
         (a tensor, or {node type: tensor} for several node types)."""
-        seeds = seed_ids(data)
+        self.shares.add(seed_ids(data), outputs)
+
+    def exchange(self):
+        """Every rank, after a layer: the layer's outputs of every node
+        become the next layer's inputs."""
+        self.shares.exchange()
+
+    def last_layer(self, node_type=None):
+        """The outputs of the last layer exchanged: one node type's (that
+        of `node_type`, where the layer output several)."""
+        computed = [ntype for ntype, shared in self.types.items()
+                    if shared.previous is not None]
+        output = ", ".join(map(str, computed)) or "(none)"
+        if node_type is not None:
+            if node_type not in computed:
+                raise RuntimeError(
+                    f"outputs of node type '{node_type}' asked for, but the "
+                    f"model's last layer output node types {output}")
+            return self.types[node_type]
+        if len(computed) != 1:
+            raise RuntimeError(
+                "--predict writes one node type's predictions, but the "
+                f"model's last layer output node types {output}")
+        return self.types[computed[0]]
+
+    def read(self, nodes, node_type=None):
+        """The last layer's outputs of `nodes` (graph ids; of `node_type`,
+        where it output several), on any rank: every node's embedding,
+        once each rank computed its share."""
+        return self.last_layer(node_type).read(nodes).to(self.device)
+
+    @property
+    def outputs(self):
+        """The last layer's outputs of every node, on rank 0 (an empty
+        tensor elsewhere: rank 0 writes the file)."""
+        return self.outputs_of()
+
+    def outputs_of(self, node_type=None):
+        """`outputs`, of `node_type` where the last layer output several."""
+        return self.last_layer(node_type).outputs(self.rank == 0)
+
+    def save(self, predictions, path, labels, node_type=None):
+        """On rank 0: `predictions` (a row per node, in the graph's node ids;
+        of `node_type`, where the last layer output several) written to
+        `path` (.npy) in the dataset's node ids, once checked against
+        `labels` (the example's LABELS). A no-op elsewhere."""
+        if self.rank != 0:
+            return
+        write_predictions(predictions, self.last_layer(node_type), path,
+                          labels)
+
+
+class LayerShares:
+    """The ranks' shares of a layer's outputs: this rank's (`add`), and
+    their exchange after the layer (`exchange`, on every rank), which makes
+    every node's outputs the next layer's inputs in `types` ({node type:
+    gbrun.sources.LayerOutputs}; None, the type of a graph of one)."""
+
+    def __init__(self, types, device):
+        self.types, self.device = types, device
+        # This rank's (seed ids, outputs) of the current layer, per type.
+        self.rows = {}
+        self.checked = set()  # every node once (a type's first layer shows it)
+
+    def add(self, seeds, outputs):
+        """This rank's outputs of the current layer for nodes `seeds` (a
+        tensor of ids, or {node type: ids} for several node types)."""
         if not isinstance(outputs, dict):
             seeds, outputs = {None: seeds}, {None: outputs}
         for ntype, values in outputs.items():
@@ -113,8 +180,8 @@ class EveryNode:
                 (ids.cpu(), values.detach().float().cpu()))
 
     def exchange(self):
-        """Every rank, after a layer: the layer's outputs of every node
-        become the next layer's inputs."""
+        """Every rank, after a layer: every rank's rows of the layer are
+        every node's outputs in `types`; this rank's rows start anew."""
         # The types and widths of the layer's outputs: a rank without nodes
         # (or without a type's) learns them from the others.
         widths = [None] * dist.get_world_size()
@@ -162,70 +229,34 @@ class EveryNode:
                 "False)")
         self.checked.add(ntype)
 
-    def last_layer(self, node_type=None):
-        """The outputs of the last layer exchanged: one node type's (that
-        of `node_type`, where the layer output several)."""
-        computed = [ntype for ntype, shared in self.types.items()
-                    if shared.previous is not None]
-        output = ", ".join(map(str, computed)) or "(none)"
-        if node_type is not None:
-            if node_type not in computed:
-                raise RuntimeError(
-                    f"outputs of node type '{node_type}' asked for, but the "
-                    f"model's last layer output node types {output}")
-            return self.types[node_type]
-        if len(computed) != 1:
-            raise RuntimeError(
-                "--predict writes one node type's predictions, but the "
-                f"model's last layer output node types {output}")
-        return self.types[computed[0]]
 
-    def read(self, nodes, node_type=None):
-        """The last layer's outputs of `nodes` (graph ids; of `node_type`,
-        where it output several), on any rank: every node's embedding,
-        once each rank computed its share."""
-        return self.last_layer(node_type).read(nodes).to(self.device)
-
-    @property
-    def outputs(self):
-        """The last layer's outputs of every node, on rank 0 (an empty
-        tensor elsewhere: rank 0 writes the file)."""
-        return self.outputs_of()
-
-    def outputs_of(self, node_type=None):
-        """`outputs`, of `node_type` where the last layer output several."""
-        return self.last_layer(node_type).outputs(self.rank == 0)
-
-    def save(self, predictions, path, labels, node_type=None):
-        """On rank 0: `predictions` (a row per node, in the graph's node ids;
-        of `node_type`, where the last layer output several) written to
-        `path` (.npy) in the dataset's node ids, once checked against
-        `labels` (the example's LABELS). A no-op elsewhere."""
-        if self.rank != 0:
-            return
-        shared = self.last_layer(node_type)
-        what, fits = PREDICTIONS[labels]
-        if not fits(predictions) or len(predictions) != shared.num_nodes:
-            raise RuntimeError(
-                f"--predict: LABELS is '{labels}', so the predictions are "
-                f"{what} ({shared.num_nodes} nodes); to_prediction() "
-                f"returned a {predictions.dtype} tensor of shape "
-                f"{tuple(predictions.shape)}")
-        predictions = predictions.cpu()
-        if predictions.is_floating_point():
-            predictions = predictions.float()
-        else:
-            predictions = predictions.long()
-        ordered = torch.empty_like(predictions)
-        ordered[shared.dataset_ids()] = predictions
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        outputs.check_replaceable(path, "--predict")
-        # Written whole or not at all, then recorded as --predict's.
-        save_atomically(ordered.numpy(), path,
-                        save=lambda array, f: np.save(f, array))
-        outputs.write_record(path)
-        what = "Embeddings" if labels == "embedding" else "Predictions"
-        print(f"{what} of {len(ordered)} nodes written to {path}", flush=True)
+def write_predictions(predictions, shared, path, labels):
+    """`predictions` of every node of `shared` (the LayerOutputs of their
+    type), in the graph's node ids, written to `path` (.npy) in the
+    dataset's node ids once checked against `labels` (the example's
+    LABELS)."""
+    what, fits = PREDICTIONS[labels]
+    if not fits(predictions) or len(predictions) != shared.num_nodes:
+        raise RuntimeError(
+            f"--predict: LABELS is '{labels}', so the predictions are "
+            f"{what} ({shared.num_nodes} nodes); to_prediction() "
+            f"returned a {predictions.dtype} tensor of shape "
+            f"{tuple(predictions.shape)}")
+    predictions = predictions.cpu()
+    if predictions.is_floating_point():
+        predictions = predictions.float()
+    else:
+        predictions = predictions.long()
+    ordered = torch.empty_like(predictions)
+    ordered[shared.dataset_ids()] = predictions
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    outputs.check_replaceable(path, "--predict")
+    # Written whole or not at all, then recorded as --predict's.
+    save_atomically(ordered.numpy(), path,
+                    save=lambda array, f: np.save(f, array))
+    outputs.write_record(path)
+    what = "Embeddings" if labels == "embedding" else "Predictions"
+    print(f"{what} of {len(ordered)} nodes written to {path}", flush=True)
 
 
 def of_type(ntype):

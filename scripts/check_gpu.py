@@ -50,7 +50,7 @@ def skip_reason():
     import torch
 
     from gbrun.graphbolt import INSTALL_CUDA_DGL
-    from gbrun.plan import dgl_has_cuda
+    from gbrun.planning import dgl_has_cuda
 
     if not torch.cuda.is_available():
         return "torch sees no CUDA device"

@@ -360,7 +360,7 @@ def run_gloo_group(fn, world_size, tmp_path, *args, timeout=120):
 def cpu_plan(args, world_size=1):
     """The plan of `world_size` CPU ranks launched here with `args` (the
     example's load_job and run() take one)."""
-    from gbrun import plan as planning
+    from gbrun import planning
 
     gpus = ",".join(str(i) for i in range(world_size))
     return planning.plan_run(args, gpus, 0, {}, dataclasses.replace(

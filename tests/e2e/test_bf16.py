@@ -8,7 +8,7 @@ import gbrun.checkpoint
 import gbrun.data.datasets
 import gbrun.cpu.dropout
 import gbrun.cpu.products
-import gbrun.plan as planning
+from gbrun import planning
 import gbrun.stop
 import node_classification as nc
 from helpers import (

@@ -17,7 +17,7 @@ import torch
 import gbrun.graphbolt
 import gbrun.placement
 import gbrun.launch as launch
-import gbrun.plan as planning
+from gbrun import planning
 import node_classification as nc
 from helpers import (
     FAKE_CUDA,
@@ -45,7 +45,7 @@ def fake_gpu_machine():
 def test_the_fake_is_a_cuda_torch_with_a_cpu_only_dgl():
     probe = subprocess.run(
         [sys.executable, "-c",
-         "import torch, gbrun.plan as planning; "
+         "import torch; from gbrun import planning; "
          "print(torch.cuda.is_available(), torch.cuda.device_count(), "
          "planning.dgl_has_cuda())"],
         capture_output=True, text=True, timeout=120, cwd=REPO,

@@ -65,7 +65,7 @@ def _load_in_turn(rank, dataset):
 
     import gbrun.data.datasets
     import gbrun.launch as launch
-    import gbrun.plan as planning
+    from gbrun import planning
     import node_classification as nc
 
     mp.set_sharing_strategy("file_system")  # as launch() does in every rank

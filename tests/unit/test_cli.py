@@ -96,11 +96,11 @@ def test_workers_where_sampling_runs_on_the_gpu_spawn_nothing(
         small_dataset, capsys, monkeypatch, nothing_spawned, mode):
     # A machine whose torch and DGL both have CUDA, so that the mode itself
     # is not what is refused.
-    import gbrun.plan
+    import gbrun.planning
     import node_classification
 
-    monkeypatch.setattr(gbrun.plan, "detect_machine",
-                        lambda precision: gbrun.plan.Machine(True, True, 2, 2))
+    monkeypatch.setattr(gbrun.planning, "detect_machine",
+                        lambda precision: gbrun.planning.Machine(True, True, 2, 2))
     with pytest.raises(SystemExit) as exit_info:
         node_classification.main(["--dataset", small_dataset, "--gpu=0,1",
                                   "--batch-size", "64", "--num-workers", "1",

@@ -28,7 +28,7 @@ import gbrun.progress
 import gbrun.sources
 import gbrun.batches
 import gbrun.launch as launch
-import gbrun.plan as planning
+from gbrun import planning
 import gbrun.stop
 import node_classification as nc
 from helpers import (

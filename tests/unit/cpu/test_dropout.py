@@ -21,7 +21,7 @@ import torch.nn.functional as F
 import gbrun.cache
 import gbrun.graphbolt
 import gbrun.cpu.dropout as fused
-import gbrun.plan as planning
+from gbrun import planning
 import node_classification as nc
 from helpers import REPO, with_plan
 
@@ -513,12 +513,12 @@ asked = []
 problem = gbrun.cpu.dropout.kernel_problem
 gbrun.cpu.dropout.kernel_problem = lambda: asked.append(1) or problem()
 args = nc.parse_args(sys.argv[1:])
-machine = gbrun.plan.detect_machine(args.precision)
+machine = gbrun.planning.detect_machine(args.precision)
 if args.mode != "cpu-cpu":  # a GPU machine with DGL's CUDA build
     import dataclasses
     machine = dataclasses.replace(machine, cuda=True, dgl_cuda=True,
                                   num_gpus=1)
-plan = gbrun.plan.plan_run(args, args.gpu, args.num_workers, {}, machine)
+plan = gbrun.planning.plan_run(args, args.gpu, args.num_workers, {}, machine)
 maps = open("/proc/self/maps").read()
 print(plan.fused_dropout, bool(asked), "/dropout-" in maps)
 """

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import gbrun.cpu.products
-import gbrun.plan as planning
+from gbrun import planning
 from gbrun.cpu.products import MIN_GRAIN, SplitLinear, grain
 
 import node_classification as nc

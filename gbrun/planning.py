@@ -97,78 +97,112 @@ def plan_run(args, gpus, num_workers, env=os.environ, machine=None,
     DGL's CUDA) so that every case can be checked without a GPU.
     `distributed`: for a trainer on DGL's distributed engine, whose graph
     and features stay on the graph servers (CPU storage), started as
-    torchrun starts a rank (RANK, WORLD_SIZE, LOCAL_RANK)."""
+    torchrun starts a rank (RANK, WORLD_SIZE, LOCAL_RANK).
+    Each decision is one function below: the mode, where the ranks are,
+    their devices, how the model computes, threads, the ranks' environment."""
     machine = machine or detect_machine(args.precision)
-    cuda_available, dgl_cuda = machine.cuda, machine.dgl_cuda
-    num_cuda_devices, num_cores = machine.num_gpus, machine.num_cores
     torchrun = all(key in env for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    mode, notices = args.mode, []
-    if mode == "auto":
-        gpu_mode = "cpu-cuda" if distributed else "pinned-cuda"
-        mode = gpu_mode if cuda_available and dgl_cuda else "cpu-cpu"
-        processes = ("trainer" if distributed else
-                     "torchrun rank" if torchrun else "--gpu entry")
-        if not cuda_available:
-            notices.append(
-                "CUDA is not available: using --mode cpu-cpu "
-                f"(one CPU process per {processes}, gloo backend)."
-            )
-        elif not dgl_cuda:
-            notices.append(
-                f"torch sees {num_cuda_devices} GPU(s), but this DGL is a "
-                "CPU-only build: using --mode cpu-cpu (one CPU process per "
-                f"{processes}, gloo backend). To train on the GPUs: "
-                f"{INSTALL_CUDA_DGL}"
-            )
+    mode, notices = choose_mode(args.mode, machine, torchrun, distributed)
     storage, train_device = mode.split("-")
-    check_mode(args, mode, machine, num_workers)
-    if distributed and storage != "cpu":
-        raise UsageError(
-            f"--mode {mode}: on DGL's distributed engine the graph and "
-            "features stay on the graph servers; use --mode cpu-cuda, "
-            "cpu-cpu or auto"
-        )
-
-    if torchrun:
-        # torchrun starts one process per rank; the device is LOCAL_RANK.
-        rank, local_rank = int(env["RANK"]), int(env["LOCAL_RANK"])
-        world_size = int(env["WORLD_SIZE"])
-        local_world_size = int(env.get("LOCAL_WORLD_SIZE", world_size))
-        device_ids, rank_offset = [local_rank], rank
-        init_method = "env://"
-    else:
-        device_ids = parse_gpu_list(gpus)
-        world_size = local_world_size = len(device_ids)
-        rank_offset, local_rank = 0, 0
-        # One machine stays on it: the ranks meet through a file (no TCP
-        # store, which listens on every interface), and gloo's and NCCL's
-        # sockets are bound to the loopback interface (rank_env).
-        init_method = None
-
-    if train_device == "cuda":
-        missing = [i for i in device_ids if i >= num_cuda_devices]
-        if missing and distributed:
-            raise UsageError(
-                f"{int(env.get('LOCAL_WORLD_SIZE', missing[0] + 1))} "
-                f"trainers on this machine, one per GPU, but it has "
-                f"{num_cuda_devices} CUDA device(s): start at most "
-                f"{num_cuda_devices} trainers per machine, or train on the "
-                "CPU (--mode cpu-cpu)"
-            )
-        if missing:
-            raise UsageError(
-                f"GPU {missing[0]} does not exist: {num_cuda_devices} CUDA "
-                f"device(s) visible (ids 0..{num_cuda_devices - 1})"
-            )
-        devices = [f"cuda:{i}" for i in device_ids]
-    else:
-        devices = ["cpu"] * len(device_ids)
-
+    check_mode(args, mode, machine, num_workers, distributed)
+    device_ids, ranks = place_ranks(gpus, env, torchrun)
+    devices = choose_devices(device_ids, train_device, machine, env,
+                             distributed)
     if args.seed is not None and num_workers > 0:
         notices.append(
             "Note: with --num-workers > 0 sampling runs in worker processes "
             "that --seed does not reach; runs will differ."
         )
+    compute, compute_notices = choose_compute(args, train_device, machine)
+    threads, thread_notices = choose_threads(
+        args.threads, train_device, ranks["local_world_size"],
+        machine.num_cores)
+    return Plan(
+        mode=mode,
+        storage=storage,
+        backend="nccl" if train_device == "cuda" else "gloo",
+        launcher="torchrun" if torchrun else "spawn",
+        devices=devices,
+        threads=threads,
+        rank_env=rank_environment(threads, train_device, torchrun),
+        notices=notices + compute_notices + thread_notices,
+        finish_timeout=args.finish_timeout,
+        **ranks,
+        **compute,
+    )
+
+
+def choose_mode(mode, machine, torchrun, distributed):
+    """--mode, with "auto" resolved from what the machine has; and the
+    notice that says why "auto" means CPU ranks, if it does."""
+    if mode != "auto":
+        return mode, []
+    gpu_mode = "cpu-cuda" if distributed else "pinned-cuda"
+    if machine.cuda and machine.dgl_cuda:
+        return gpu_mode, []
+    processes = ("trainer" if distributed else
+                 "torchrun rank" if torchrun else "--gpu entry")
+    if not machine.cuda:
+        return "cpu-cpu", [
+            "CUDA is not available: using --mode cpu-cpu "
+            f"(one CPU process per {processes}, gloo backend)."
+        ]
+    return "cpu-cpu", [
+        f"torch sees {machine.num_gpus} GPU(s), but this DGL is a "
+        "CPU-only build: using --mode cpu-cpu (one CPU process per "
+        f"{processes}, gloo backend). To train on the GPUs: "
+        f"{INSTALL_CUDA_DGL}"
+    ]
+
+
+def place_ranks(gpus, env, torchrun):
+    """The device ids of this launch's ranks, and where the ranks are (the
+    Plan's world_size, rank_offset, local_rank, local_world_size and
+    init_method): given by torchrun's environment, or one rank per --gpu
+    entry."""
+    if torchrun:
+        # torchrun starts one process per rank; the device is LOCAL_RANK.
+        rank, local_rank = int(env["RANK"]), int(env["LOCAL_RANK"])
+        world_size = int(env["WORLD_SIZE"])
+        return [local_rank], dict(
+            world_size=world_size, rank_offset=rank, local_rank=local_rank,
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", world_size)),
+            init_method="env://")
+    device_ids = parse_gpu_list(gpus)
+    # One machine stays on it: the ranks meet through a file (no TCP
+    # store, which listens on every interface), and gloo's and NCCL's
+    # sockets are bound to the loopback interface (rank_environment).
+    return device_ids, dict(
+        world_size=len(device_ids), rank_offset=0, local_rank=0,
+        local_world_size=len(device_ids), init_method=None)
+
+
+def choose_devices(device_ids, train_device, machine, env, distributed):
+    """The ranks' device strings, refused where a GPU id does not exist."""
+    if train_device != "cuda":
+        return ["cpu"] * len(device_ids)
+    num_cuda_devices = machine.num_gpus
+    missing = [i for i in device_ids if i >= num_cuda_devices]
+    if missing and distributed:
+        raise UsageError(
+            f"{int(env.get('LOCAL_WORLD_SIZE', missing[0] + 1))} "
+            f"trainers on this machine, one per GPU, but it has "
+            f"{num_cuda_devices} CUDA device(s): start at most "
+            f"{num_cuda_devices} trainers per machine, or train on the "
+            "CPU (--mode cpu-cpu)"
+        )
+    if missing:
+        raise UsageError(
+            f"GPU {missing[0]} does not exist: {num_cuda_devices} CUDA "
+            f"device(s) visible (ids 0..{num_cuda_devices - 1})"
+        )
+    return [f"cuda:{i}" for i in device_ids]
+
+
+def choose_compute(args, train_device, machine):
+    """How the model computes (the Plan's autocast, fused_dropout and
+    split_products), and the notices where an option cannot apply."""
+    notices = []
     autocast = args.precision == "bf16" and (
         train_device == "cuda" or machine.cpu_bf16
     )
@@ -187,6 +221,17 @@ def plan_run(args, gpus, num_workers, env=os.environ, machine=None,
         notices.append(f"--fused-dropout: {problem}; the model keeps "
                        "torch's dropout.")
         fused_dropout = False
+    return dict(
+        autocast=autocast, fused_dropout=fused_dropout,
+        # oneDNN builds each new bf16 product shape; fp32 goes to MKL.
+        split_products=autocast and train_device == "cpu",
+    ), notices
+
+
+def choose_threads(threads, train_device, local_world_size, num_cores):
+    """Threads per rank (--threads, or the cores shared among this
+    machine's ranks), and a notice where CPU ranks outnumber the cores."""
+    notices = []
     if train_device == "cpu" and local_world_size > num_cores:
         notices.append(
             f"{local_world_size} CPU processes on {num_cores} cores: they "
@@ -195,7 +240,11 @@ def plan_run(args, gpus, num_workers, env=os.environ, machine=None,
             "process), so an epoch has fewer steps than with "
             f"{num_cores} processes.")
     # Upstream's cpu_count // 2 // world_size is 0 on small machines.
-    threads = args.threads or max(1, num_cores // local_world_size)
+    return threads or max(1, num_cores // local_world_size), notices
+
+
+def rank_environment(threads, train_device, torchrun):
+    """The environment spawned ranks start with."""
     rank_env = {"OMP_NUM_THREADS": str(threads)}
     if not torchrun:
         rank_env.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
@@ -209,30 +258,12 @@ def plan_run(args, gpus, num_workers, env=os.environ, machine=None,
         # CPU ranks see no GPU, so no library starts CUDA in them (under
         # torchrun the ranks already run: this cannot apply).
         rank_env["CUDA_VISIBLE_DEVICES"] = ""
-    return Plan(
-        mode=mode,
-        storage=storage,
-        backend="nccl" if train_device == "cuda" else "gloo",
-        launcher="torchrun" if torchrun else "spawn",
-        world_size=world_size,
-        rank_offset=rank_offset,
-        local_rank=local_rank,
-        local_world_size=local_world_size,
-        devices=devices,
-        init_method=init_method,
-        threads=threads,
-        autocast=autocast,
-        fused_dropout=fused_dropout,
-        # oneDNN builds each new bf16 product shape; fp32 goes to MKL.
-        split_products=autocast and train_device == "cpu",
-        rank_env=rank_env,
-        notices=notices,
-        finish_timeout=args.finish_timeout,
-    )
+    return rank_env
 
 
-def check_mode(args, mode, machine, num_workers):
-    """Refuses a mode this machine cannot run, or options it cannot use."""
+def check_mode(args, mode, machine, num_workers, distributed=False):
+    """Refuses a mode this machine (or DGL's distributed engine) cannot
+    run, or options it cannot use."""
     storage, train_device = mode.split("-")
     cuda_available, dgl_cuda = machine.cuda, machine.dgl_cuda
     if train_device == "cuda" and not cuda_available:
@@ -263,6 +294,12 @@ def check_mode(args, mode, machine, num_workers):
             f"--num-workers {num_workers}: with --mode {mode} sampling "
             "runs on the GPU, which worker processes cannot do; use "
             "--num-workers 0"
+        )
+    if distributed and storage != "cpu":
+        raise UsageError(
+            f"--mode {mode}: on DGL's distributed engine the graph and "
+            "features stay on the graph servers; use --mode cpu-cuda, "
+            "cpu-cpu or auto"
         )
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from gbrun.cli import UsageError
 from gbrun.graphbolt import INSTALL_CUDA_DGL
-from gbrun.plan import Machine, plan_run
+from gbrun.planning import Machine, plan_run
 from node_classification import parse_args
 
 
@@ -256,10 +256,10 @@ def test_a_graph_server_refuses_a_machine_with_too_few_gpus(tmp_path,
     # A server checks the plan of its machine's last trainer, so that the
     # whole job refuses (a server left waiting for trainers that refused
     # would never end): 2 machines, 4 trainers, 1 GPU a machine.
-    import gbrun.plan
+    import gbrun.planning
     import dist_node_classification as trainer
 
-    monkeypatch.setattr(gbrun.plan, "detect_machine",
+    monkeypatch.setattr(gbrun.planning, "detect_machine",
                         lambda precision: Machine(True, True, 1, 8))
     ip_config = tmp_path / "ip_config.txt"
     ip_config.write_text("10.0.0.1\n10.0.0.2\n")
