@@ -12,8 +12,9 @@ with another data source: what DGL's distributed training guide says
 changes between one machine and many.
 
     DGL's distributed initialise    here, before run()
-    the DistGraph and node_split    gbrun.dist.partitions.Partitions.place,
-                                    in place of the GraphBolt dataset
+    the DistGraph and node_split    Partitions.place (gbrun.dgl_engine.
+                                    partitions), in place of the GraphBolt
+                                    dataset
     the loader                      DGL's DistNodeDataLoader, built by the
                                     example's create_dataloader() (a copy
                                     whose GraphBolt pipeline is edited is
@@ -57,12 +58,12 @@ import time
 import gbrun.graphbolt  # noqa: F401 (first: one line if DGL cannot load)
 from gbrun import checkpoint, cli, launch, plan as planning
 from gbrun.data import datasets
-from gbrun.dist.cleanup import (
+from gbrun.dgl_engine.cleanup import (
     fail_fast, samplers_die_with_trainer, unlink_job_memory,
 )
-from gbrun.dist.files import DATASET_INFO_FILE, load_item_sets
-from gbrun.dist.partitions import Partitions
-from gbrun.dist.watch import (
+from gbrun.dgl_engine.files import DATASET_INFO_FILE, load_item_sets
+from gbrun.dgl_engine.partitions import Partitions
+from gbrun.dgl_engine.watch import (
     FIRST_CLIENT_TIMEOUT_S, PROGRESS_TIMEOUT_S, TrainerWatch,
     exit_when_clients_are_gone,
 )

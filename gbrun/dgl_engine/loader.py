@@ -43,7 +43,7 @@ class DistLoader(BatchSource):
     type with the labels, when training), and batches are in GraphBolt's
     shape for such graphs: node features keyed (node type, name), seeds and
     labels per type. Each batch handed out beats `heartbeat` (a
-    gbrun.dist.watch.Heartbeat: the trainer is making progress)."""
+    gbrun.dgl_engine.watch.Heartbeat: the trainer is making progress)."""
 
     def __init__(self, g, nids, fanout, batch_size, feature_keys, label_key,
                  device, heartbeat, num_batches=None, dtype=None, record=None,

@@ -1,13 +1,13 @@
-"""gbrun/dist/loader.py: DistLoader's passes over the items of several node
-types take positions start..end of the types end to end, so that a resumed
-pass starts at a step."""
+"""gbrun/dgl_engine/loader.py: DistLoader's passes over the items of
+several node types take positions start..end of the types end to end, so
+that a resumed pass starts at a step."""
 import torch
 
 
 def test_a_loader_of_several_node_types_takes_positions_end_to_end():
     """DistLoader's passes over {node type: ids}: positions start..end of
     the types end to end (a resumed pass starts at a step)."""
-    from gbrun.dist.loader import num_items, take
+    from gbrun.dgl_engine.loader import num_items, take
 
     parts = [("user", torch.arange(5)), ("item", torch.arange(10, 13))]
     assert num_items(dict(parts)) == 8 and num_items(torch.arange(4)) == 4
