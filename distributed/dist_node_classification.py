@@ -62,6 +62,7 @@ from gbrun.dgl_engine.cleanup import (
     fail_fast, samplers_die_with_trainer, unlink_job_memory,
 )
 from gbrun.dgl_engine.files import DATASET_INFO_FILE, load_item_sets
+from gbrun.dgl_engine.loader import DebugHooks
 from gbrun.dgl_engine.partitions import Partitions
 from gbrun.dgl_engine.watch import (
     FIRST_CLIENT_TIMEOUT_S, PROGRESS_TIMEOUT_S, TrainerWatch,
@@ -116,12 +117,9 @@ def load_job(args, example, plan, env=os.environ):
     data = Partitions(
         config["graph_name"], args.part_config,
         torch.bfloat16 if args.precision == "bf16" else None,
-        [] if args.dump_seeds else None,
-        args.fail_after_batches if args.hang_after_batches is None
-        else args.hang_after_batches, args.fail_rank,
-        hang=args.hang_after_batches is not None,
         node_types={key: info[key] for key in ("target", "edge_types")
-                    if key in info})
+                    if key in info},
+        hooks=debug_hooks(args))
     num_classes = int(info["num_classes"])
     if "target" in info:
         # Several node types: a width per type, and the model takes the
@@ -149,6 +147,14 @@ def load_job(args, example, plan, env=os.environ):
     # may read them: class weights from the training labels).
     item_sets = load_item_sets(os.path.dirname(args.part_config))
     return launch.Job(data, item_sets, in_size, num_classes, fanout, start)
+
+
+def debug_hooks(args):
+    """The debugging options (for the tests) as the loaders apply them."""
+    hang = args.hang_after_batches is not None
+    at = args.hang_after_batches if hang else args.fail_after_batches
+    return DebugHooks(record=[] if args.dump_seeds else None, fail_after=at,
+                      fail_rank=args.fail_rank, hang=hang)
 
 
 def graphbolt_pipeline(function):
@@ -397,8 +403,8 @@ def main(argv=None):
                         report=report)
     finally:
         watch.stop()
-        if job.dataset.record is not None:
-            torch.save(job.dataset.record, os.path.join(
+        if job.dataset.hooks.record is not None:
+            torch.save(job.dataset.hooks.record, os.path.join(
                 args.dump_seeds, f"rank{plan.rank_offset}.pt"))
 
 
