@@ -12,9 +12,8 @@ with another data source: what DGL's distributed training guide says
 changes between one machine and many.
 
     DGL's distributed initialise    here, before run()
-    the DistGraph and node_split    Partitions.place (gbrun.dgl_engine.
-                                    partitions), in place of the GraphBolt
-                                    dataset
+    the DistGraph and node_split    gbrun.dgl_engine's Partitions.place,
+                                    in place of the GraphBolt dataset
     the loader                      DGL's DistNodeDataLoader, built by the
                                     example's create_dataloader() (a copy
                                     whose GraphBolt pipeline is edited is
