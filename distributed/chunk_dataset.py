@@ -36,14 +36,15 @@ import os
 
 import gbrun.cli
 import gbrun.data.datasets
-import gbrun.dist.files
+import gbrun.dgl_engine.files
 
 # numpy, torch and yaml are imported where they are used: a bad argument is
 # refused before they load.
 
 NTYPE, ETYPE = "_N", "_N:_E:_N"  # a homogeneous graph's types, as DGL names them
 # The item sets in the dataset's node ids, kept beside the chunks until
-# `finish` renumbers them as the partitions do (gbrun.dist.files.ITEM_SETS_FILE).
+# `finish` renumbers them as the partitions do
+# (gbrun.dgl_engine.files.ITEM_SETS_FILE).
 DATASET_ID_ITEM_SETS_FILE = "item_sets_dataset_ids.pt"
 
 
@@ -283,7 +284,7 @@ def write(args):
 
     node_data[example.LABEL_KEY] = write_rows(
         labels, node_sizes, f"node_data/{example.LABEL_KEY}-%d.npy", out)
-    for index, mask in enumerate(gbrun.dist.files.SPLIT_MASKS):
+    for index, mask in enumerate(gbrun.dgl_engine.files.SPLIT_MASKS):
         def split_mask(start, end, index=index):
             low, high = rows(start, end)
             chunk = np.zeros(end - start, dtype=bool)
@@ -311,10 +312,11 @@ def write(args):
     with open(os.path.join(out, "metadata.json"), "w") as f:
         json.dump(chunked, f, indent=2)
     torch.save(splits, os.path.join(out, DATASET_ID_ITEM_SETS_FILE))
-    gbrun.dist.files.write_dataset_info(out, gbrun.dist.files.dataset_info(
+    info = gbrun.dgl_engine.files.dataset_info(
         graph_name, num_classes,
         {key: feature.shape[1] for key, feature in features.items()},
-        example, len(splits[0][0])))
+        example, len(splits[0][0]))
+    gbrun.dgl_engine.files.write_dataset_info(out, info)
     print(f"Graph {graph_name}: {num_nodes} nodes, {edges.shape[1]} edges in "
           f"{args.num_chunks} chunks -> {os.path.abspath(out)}/metadata.json")
 
@@ -340,15 +342,15 @@ def finish(args):
     # Each partition owns a contiguous range of the new ids, in order.
     orig_nids = torch.cat(orig_nids).long()
     torch.save(orig_nids, os.path.join(args.partitions,
-                                       gbrun.dist.files.ORIG_NIDS_FILE))
+                                       gbrun.dgl_engine.files.ORIG_NIDS_FILE))
     splits = torch.load(os.path.join(args.chunked, DATASET_ID_ITEM_SETS_FILE),
                         weights_only=True)
-    gbrun.dist.files.save_item_sets(args.partitions, splits, orig_nids)
+    gbrun.dgl_engine.files.save_item_sets(args.partitions, splits, orig_nids)
     with open(os.path.join(args.chunked,
-                           gbrun.dist.files.DATASET_INFO_FILE)) as f:
+                           gbrun.dgl_engine.files.DATASET_INFO_FILE)) as f:
         info = json.load(f)
     info["graph_name"] = config["graph_name"]
-    gbrun.dist.files.write_dataset_info(args.partitions, info)
+    gbrun.dgl_engine.files.write_dataset_info(args.partitions, info)
     print(f"Partition config: {os.path.abspath(config_path)}")
 
 

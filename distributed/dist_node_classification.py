@@ -12,7 +12,7 @@ with another data source: what DGL's distributed training guide says
 changes between one machine and many.
 
     DGL's distributed initialise    here, before run()
-    the DistGraph and node_split    gbrun.dist.partitions.Partitions.place,
+    the DistGraph and node_split    gbrun.dgl_engine's Partitions.place,
                                     in place of the GraphBolt dataset
     the loader                      DGL's DistNodeDataLoader, built by the
                                     example's create_dataloader() (a copy
@@ -57,12 +57,13 @@ import time
 import gbrun.graphbolt  # noqa: F401 (first: one line if DGL cannot load)
 from gbrun import checkpoint, cli, launch, planning
 from gbrun.data import datasets
-from gbrun.dist.cleanup import (
+from gbrun.dgl_engine.cleanup import (
     fail_fast, samplers_die_with_trainer, unlink_job_memory,
 )
-from gbrun.dist.files import DATASET_INFO_FILE, load_item_sets
-from gbrun.dist.partitions import Partitions
-from gbrun.dist.watch import (
+from gbrun.dgl_engine.files import DATASET_INFO_FILE, load_item_sets
+from gbrun.dgl_engine.loader import DebugHooks
+from gbrun.dgl_engine.partitions import Partitions
+from gbrun.dgl_engine.watch import (
     FIRST_CLIENT_TIMEOUT_S, PROGRESS_TIMEOUT_S, TrainerWatch,
     exit_when_clients_are_gone,
 )
@@ -115,12 +116,9 @@ def load_job(args, example, plan, env=os.environ):
     data = Partitions(
         config["graph_name"], args.part_config,
         torch.bfloat16 if args.precision == "bf16" else None,
-        [] if args.dump_seeds else None,
-        args.fail_after_batches if args.hang_after_batches is None
-        else args.hang_after_batches, args.fail_rank,
-        hang=args.hang_after_batches is not None,
         node_types={key: info[key] for key in ("target", "edge_types")
-                    if key in info})
+                    if key in info},
+        hooks=debug_hooks(args))
     num_classes = int(info["num_classes"])
     if "target" in info:
         # Several node types: a width per type, and the model takes the
@@ -148,6 +146,14 @@ def load_job(args, example, plan, env=os.environ):
     # may read them: class weights from the training labels).
     item_sets = load_item_sets(os.path.dirname(args.part_config))
     return launch.Job(data, item_sets, in_size, num_classes, fanout, start)
+
+
+def debug_hooks(args):
+    """The debugging options (for the tests) as the loaders apply them."""
+    hang = args.hang_after_batches is not None
+    at = args.hang_after_batches if hang else args.fail_after_batches
+    return DebugHooks(record=[] if args.dump_seeds else None, fail_after=at,
+                      fail_rank=args.fail_rank, hang=hang)
 
 
 def graphbolt_pipeline(function):
@@ -396,8 +402,8 @@ def main(argv=None):
                         report=report)
     finally:
         watch.stop()
-        if job.dataset.record is not None:
-            torch.save(job.dataset.record, os.path.join(
+        if job.dataset.hooks.record is not None:
+            torch.save(job.dataset.hooks.record, os.path.join(
                 args.dump_seeds, f"rank{plan.rank_offset}.pt"))
 
 

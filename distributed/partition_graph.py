@@ -36,7 +36,7 @@ main
 ├── partition                     dgl.distributed.partition_graph (HIGHLIGHT)
 ├── add_features                  each partition's rows of the features
 └── write_dataset_info            dataset_info.json beside the partition config
-                                  (gbrun.dist.files)
+                                  (gbrun.dgl_engine.files)
 
 The features are not in memory while the graph is partitioned: at products
 size (2.4M nodes, 60M edges, 100 features) that lowered the peak from
@@ -51,7 +51,7 @@ import tempfile
 
 import gbrun.cli
 import gbrun.data.datasets
-import gbrun.dist.files
+import gbrun.dgl_engine.files
 import gbrun.sources
 
 # dgl, numpy and torch are imported where they are used: a bad argument is
@@ -90,7 +90,7 @@ def dataset_to_dgl_graph(dataset, item_sets, label_key):
     data[label_key] = torch.full((count, *labels.shape[1:]),
                                  -1 if labels.dim() == 1 else 0,
                                  dtype=labels.dtype)
-    for mask_name, (seeds, labels) in zip(gbrun.dist.files.SPLIT_MASKS,
+    for mask_name, (seeds, labels) in zip(gbrun.dgl_engine.files.SPLIT_MASKS,
                                           splits):
         mask = torch.zeros(count, dtype=torch.bool)
         mask[seeds.long()] = True
@@ -307,7 +307,7 @@ def main(argv=None):
     graph_name = args.graph_name or os.path.basename(
         os.path.normpath(args.dataset)
     )
-    info = gbrun.dist.files.dataset_info(
+    info = gbrun.dgl_engine.files.dataset_info(
         graph_name, dataset.tasks[0].metadata["num_classes"],
         feature_widths(dataset, example.FEATURE_KEYS), example,
         len(item_sets[0]), args.use_graphbolt, node_types(g, dataset))
@@ -342,9 +342,10 @@ def main(argv=None):
         shutil.rmtree(aside, ignore_errors=True)
     import torch
 
-    torch.save(orig_nids, os.path.join(args.out, gbrun.dist.files.ORIG_NIDS_FILE))
-    gbrun.dist.files.save_item_sets(args.out, splits, orig_nids)
-    info_path = gbrun.dist.files.write_dataset_info(args.out, info)
+    torch.save(orig_nids, os.path.join(
+        args.out, gbrun.dgl_engine.files.ORIG_NIDS_FILE))
+    gbrun.dgl_engine.files.save_item_sets(args.out, splits, orig_nids)
+    info_path = gbrun.dgl_engine.files.write_dataset_info(args.out, info)
     with open(part_config) as f:
         config = json.load(f)
     for part_id in range(args.num_parts):

@@ -34,7 +34,7 @@ And three subpackages, each for one audience:
 
     data        datasets: loading and the example's checks, the label
                 check, and the dataset writer the scripts share
-    dist        DGL's distributed engine under the example's loop
+    dgl_engine  DGL's distributed engine under the example's loop
                 (distributed/ imports it)
     cpu         the CPU speed pack: memory settings, one-pass dropout,
                 bf16 products in shapes that recur (cpu.tune_rank)

@@ -2,9 +2,9 @@
 
 A Job's dataset (gbrun.launch.Job) is either a GraphBolt dataset on one
 machine (as GraphBolt loads it; of() adapts it as a GraphBoltSource) or
-DGL's partitions, served by graph servers (gbrun.dist.partitions.Partitions,
-which the distributed trainer puts there). gbrun asks the interface, never
-the kind:
+DGL's partitions, served by graph servers
+(gbrun.dgl_engine.partitions.Partitions, which the distributed trainer puts
+there). gbrun asks the interface, never the kind:
 
     DataSource      what a rank trains from
       place()         the graph, features and item sets a rank trains on
@@ -19,7 +19,7 @@ the kind:
                     reads a GraphBolt DataLoader, or asks this)
     LayerOutputs    where --predict keeps a layer's outputs of every node:
                     on every rank (LocalOutputs, here), or on the graph
-                    servers (gbrun.dist.partitions.DistOutputs)
+                    servers (gbrun.dgl_engine.partitions.DistOutputs)
 """
 import abc
 import os

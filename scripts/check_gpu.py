@@ -112,7 +112,7 @@ def stop_and_resume(gpus, dataset, workdir):
 def distributed(gpus, dataset, workdir, *extra):
     """One machine on DGL's distributed engine: a graph server and one
     trainer per GPU of `gpus` (each on the GPU of its LOCAL_RANK, NCCL)."""
-    from gbrun.dist.machine import start_one_machine
+    from gbrun.dgl_engine.machine import start_one_machine
 
     parts = os.path.join(workdir, "parts")
     subprocess.run([sys.executable, os.path.join(DISTRIBUTED,

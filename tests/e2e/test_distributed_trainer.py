@@ -157,7 +157,7 @@ def test_partition_outputs(partitions):
     import dgl
 
     import gbrun.data.datasets
-    import gbrun.dist.files
+    import gbrun.dgl_engine.files
 
     dataset = gbrun.data.datasets.load_dataset(partitions["dataset"])
     feat = dataset.feature.read("node", None, "feat")
@@ -175,7 +175,7 @@ def test_partition_outputs(partitions):
                 if name.startswith(".features")]
     # The trainer's Job holds the dataset's item sets, renumbered as the
     # partitions number the nodes.
-    item_sets = gbrun.dist.files.load_item_sets(partitions["out"])
+    item_sets = gbrun.dgl_engine.files.load_item_sets(partitions["out"])
     for split, item_set in zip(gbrun.data.datasets.SPLITS, item_sets):
         seeds, labels = item_set[:]
         expected_seeds, expected_labels = getattr(dataset.tasks[0], split)[:]
@@ -797,7 +797,7 @@ def test_several_node_types_train_and_predict_on_two_machines(
         assert first == len(feat)
     # What a model with a learned vector per node reads of them (the edit
     # for a node type without features).
-    from gbrun.dist.partitions import Partitions
+    from gbrun.dgl_engine.partitions import Partitions
 
     with open(tmp_path / "parts" / "dataset_info.json") as f:
         info = json.load(f)

@@ -197,7 +197,7 @@ def test_a_failed_trainer_ends_its_job_under_tools_launch(tmp_path, dataset):
                        ["--dataset", dataset, "--num-parts", 1, "--out",
                         tmp_path / "one"])
     assert parts.returncode == 0, parts.stderr
-    from gbrun.dist.machine import start_one_machine
+    from gbrun.dgl_engine.machine import start_one_machine
 
     marker = f"LAUNCH_TEST={os.getpid()}".encode()
     server, trainer = start_one_machine(
@@ -239,7 +239,7 @@ def segments_since(started, directory="/dev/shm"):
     """The names in `directory` of DGL's shared memory (the synthetic
     graph's, features, GraphBolt's) written since `started` (a time.time()):
     those a job left (one that reused an older leftover's name wrote it)."""
-    from gbrun.dist.cleanup import DGL_SEGMENT
+    from gbrun.dgl_engine.cleanup import DGL_SEGMENT
 
     return sorted(
         name for name in os.listdir(directory)

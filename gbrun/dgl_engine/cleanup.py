@@ -29,7 +29,7 @@ def fail_fast(graph_name, flush=True):
     exit status 1 at once. A clean exit would wait for ever in DGL's exit
     hook (a barrier with the other trainers) and in gloo's teardown; the
     other trainers fail at their next collective, and the servers and
-    samplers leave once their trainers have gone (gbrun.dist.watch)."""
+    samplers leave once their trainers have gone (gbrun.dgl_engine.watch)."""
     if flush:  # (not from another thread: the main one may hold the lock)
         sys.stdout.flush()
         sys.stderr.flush()

@@ -12,7 +12,7 @@ from ..cli import UsageError
 from ..data.splits import MASKS
 from ..sources import DataSource, LayerOutputs, ServedGraph
 from .files import ORIG_NIDS_FILE
-from .loader import DistLoader, num_items
+from .loader import NO_HOOKS, DistLoader, num_items
 from .watch import Heartbeat
 
 # Rows of every node's predictions read back from the servers at a time.
@@ -27,18 +27,16 @@ class Partitions(DataSource, ServedGraph):
     provides). `dtype`: the features' type in batches (bf16 under
     --precision bf16). `heartbeat`: beaten by every batch handed out and
     every chunk of predictions read back (its TrainerWatch reads it).
-    `record`, `fail_after`, `hang`, `fail_rank`: the trainer's debugging
-    options (`hang`: the failure is a sleep for ever, not an exception).
     `node_types`: of a graph of several node types, dataset_info's "target"
-    (the type with labels and splits) and "edge_types"."""
+    (the type with labels and splits) and "edge_types". `hooks`: the
+    trainer's debugging options (a gbrun.dgl_engine.loader.DebugHooks),
+    which its loaders apply."""
 
-    def __init__(self, graph_name, part_config, dtype=None, record=None,
-                 fail_after=None, fail_rank=0, hang=False, node_types=None):
+    def __init__(self, graph_name, part_config, dtype=None, node_types=None,
+                 hooks=NO_HOOKS):
         self.graph_name, self.part_config = graph_name, part_config
         self.heartbeat = Heartbeat()
-        self.dtype, self.record = dtype, record
-        self.fail_after, self.fail_rank = fail_after, fail_rank
-        self.hang = hang
+        self.dtype, self.hooks = dtype, hooks
         self.target = (node_types or {}).get("target")
         # What the example's model reads of a graph of several node types
         # (edge_types(), num_nodes()), before the DistGraph exists.
@@ -112,12 +110,10 @@ class Partitions(DataSource, ServedGraph):
             count = torch.tensor(num_items(nids) // batch_size)
             dist.all_reduce(count, op=dist.ReduceOp.MIN)
             num_batches = int(count)
-        loader = DistLoader(self.g, nids, fanout, batch_size, feature_keys,
-                            label_key, device, self.heartbeat, num_batches,
-                            self.dtype, self.record, self.target)
-        if is_train and dist.get_rank() == self.fail_rank:
-            loader.fail_after, loader.hang = self.fail_after, self.hang
-        return loader
+        return DistLoader(
+            self.g, nids, fanout, batch_size, feature_keys, label_key, device,
+            self.heartbeat, num_batches, self.dtype, self.target,
+            self.hooks.of_loader(is_train, dist.get_rank()))
 
 
 class DistOutputs(LayerOutputs):

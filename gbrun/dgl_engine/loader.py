@@ -1,5 +1,8 @@
 """A trainer's mini-batches on DGL's distributed engine, in the shape
-GraphBolt hands the example (DistLoader, a gbrun.sources.BatchSource)."""
+GraphBolt hands the example (DistLoader, a gbrun.sources.BatchSource), and
+the failures and records the distributed trainer's tests ask of them
+(DebugHooks)."""
+import dataclasses
 import time
 from types import SimpleNamespace
 
@@ -28,6 +31,30 @@ def take(parts, start, end):
     return taken
 
 
+@dataclasses.dataclass(frozen=True)
+class DebugHooks:
+    """The distributed trainer's debugging options (for the tests), one
+    object beside the data source's own arguments: `record`, a list that
+    gets (pass name, this pass's node order, the seeds of each batch handed
+    out) from every loader (--dump-seeds); trainer `fail_rank`'s training
+    loader raises at batch `fail_after` (--fail-after-batches), or sleeps
+    for ever there when `hang` (--hang-after-batches)."""
+    record: list | None = None
+    fail_after: int | None = None
+    fail_rank: int = 0
+    hang: bool = False
+
+    def of_loader(self, is_train, rank):
+        """The hooks of one loader of trainer `rank`: all record (into the
+        same list), only trainer `fail_rank`'s training loader fails."""
+        if is_train and rank == self.fail_rank:
+            return self
+        return dataclasses.replace(self, fail_after=None, hang=False)
+
+
+NO_HOOKS = DebugHooks()
+
+
 class DistLoader(BatchSource):
     """What the example's loop calls a data loader, on a DistGraph: this
     trainer's nodes `nids` of one split, `batch_size` seeds a batch, their
@@ -36,18 +63,17 @@ class DistLoader(BatchSource):
     `device`. A training loader (`num_batches` given) shuffles its nodes
     every epoch and hands out that many full batches, as many as every
     other trainer (GraphBolt's drop_last and drop_uneven_inputs); an
-    evaluation loader hands out every node once. `record`: a list that
-    gets (pass name, this pass's node order, the seeds of each batch
-    handed out), for --dump-seeds. On a graph of several node types,
+    evaluation loader hands out every node once. `hooks`: its DebugHooks
+    (records and failures for the tests). On a graph of several node types,
     `nids` is {node type: ids within the type} (one type, the `target`
     type with the labels, when training), and batches are in GraphBolt's
     shape for such graphs: node features keyed (node type, name), seeds and
     labels per type. Each batch handed out beats `heartbeat` (a
-    gbrun.dist.watch.Heartbeat: the trainer is making progress)."""
+    gbrun.dgl_engine.watch.Heartbeat: the trainer is making progress)."""
 
     def __init__(self, g, nids, fanout, batch_size, feature_keys, label_key,
-                 device, heartbeat, num_batches=None, dtype=None, record=None,
-                 target=None):
+                 device, heartbeat, num_batches=None, dtype=None, target=None,
+                 hooks=NO_HOOKS):
         self.g, self.batch_size, self.target = g, batch_size, target
         self.heartbeat = heartbeat
         # The nodes as [(node type, ids)], the type None for one.
@@ -56,9 +82,7 @@ class DistLoader(BatchSource):
         self.sampler = dgl.dataloading.NeighborSampler(fanout)
         self.feature_keys, self.label_key = feature_keys, label_key
         self.device, self.dtype = device, dtype
-        self.num_batches, self.record = num_batches, record
-        # --fail-after-batches / --hang-after-batches, for the tests.
-        self.fail_after, self.hang = None, False
+        self.num_batches, self.hooks = num_batches, hooks
 
     def order(self, seed):
         """The nodes of one pass in the order they are handed out, as
@@ -113,9 +137,9 @@ class DistLoader(BatchSource):
         if batches.limit is not None:
             total = min(total, batches.limit)
         handed_out = []
-        if self.record is not None:
-            self.record.append((batches.name, dict(order).get(None, order),
-                                handed_out))
+        if self.hooks.record is not None:
+            self.hooks.record.append(
+                (batches.name, dict(order).get(None, order), handed_out))
         parts = take(order, step * size, total * size)
         if not parts:
             return iter(()), total
@@ -126,10 +150,10 @@ class DistLoader(BatchSource):
 
         def each():
             for index, (input_nodes, seeds, blocks) in enumerate(sampled, step):
-                if index == self.fail_after and self.hang:
+                if index == self.hooks.fail_after and self.hooks.hang:
                     while True:  # a trainer that stops making progress
                         time.sleep(60)
-                if index == self.fail_after:
+                if index == self.hooks.fail_after:
                     raise RuntimeError(
                         f"--fail-after-batches {index} on rank {rank}")
                 self.heartbeat.beat()  # for TrainerWatch

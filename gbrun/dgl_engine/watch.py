@@ -8,8 +8,9 @@ dgl/distributed/dist_context.py and rpc_server.py at v2.1.0, unchanged
 through v2.4.0). DGL's tools/launch.py waits for the servers first, so the
 job never ends. Here a server leaves once every trainer and sampler of its
 machine has gone (exit_when_clients_are_gone), a sampler dies with its
-trainer (gbrun.dist.cleanup.samplers_die_with_trainer), and a trainer fails when the
-job cannot go on (TrainerWatch), reading the Heartbeat its loader beats.
+trainer (gbrun.dgl_engine.cleanup.samplers_die_with_trainer), and a trainer
+fails when the job cannot go on (TrainerWatch), reading the Heartbeat its
+loader beats.
 Sockets and processes are read with psutil.
 """
 import os

@@ -1,7 +1,7 @@
-"""gbrun/dist/watch.py: a trainer's failure is reported once. The trainer's
-watch (TrainerWatch, which names a dead sampler) and its main thread (in
-gbrun.launch.run_rank) share one report: whichever holds it first reports,
-the other stays silent."""
+"""gbrun/dgl_engine/watch.py: a trainer's failure is reported once. The
+trainer's watch (TrainerWatch, which names a dead sampler) and its main
+thread (in gbrun.launch.run_rank) share one report: whichever holds it
+first reports, the other stays silent."""
 import pytest
 
 
@@ -12,7 +12,7 @@ def test_a_trainers_failure_is_reported_once(capfd, monkeypatch):
     both: "rank 3 failed" twice)."""
     import threading
 
-    import gbrun.dist.watch
+    import gbrun.dgl_engine.watch
     import gbrun.launch
     import node_classification as nc
     from helpers import cpu_plan
@@ -34,10 +34,10 @@ def test_a_trainers_failure_is_reported_once(capfd, monkeypatch):
     # The main thread reports first: the watch stays silent (and leaves
     # the exit to it).
     exits = []
-    monkeypatch.setattr(gbrun.dist.watch, "fail_fast",
+    monkeypatch.setattr(gbrun.dgl_engine.watch, "fail_fast",
                         lambda *args, **kwargs: exits.append(args))
-    watch = gbrun.dist.watch.TrainerWatch(
-        [], 1, "g", gbrun.dist.watch.Heartbeat(), report)
+    watch = gbrun.dgl_engine.watch.TrainerWatch(
+        [], 1, "g", gbrun.dgl_engine.watch.Heartbeat(), report)
     watch.samplers = []
     with report:
         watch.fail("its sampler process 1 died")
