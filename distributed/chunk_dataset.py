@@ -36,6 +36,7 @@ import os
 
 import gbrun.cli
 import gbrun.data.datasets
+import gbrun.data.splits
 import gbrun.dgl_engine.files
 
 # numpy, torch and yaml are imported where they are used: a bad argument is
@@ -149,7 +150,7 @@ def checked_splits(dataset, metadata, label_key, labels):
             "metadata.yaml")
     num_classes = int(task["num_classes"])
     splits = []
-    for split in gbrun.data.datasets.SPLITS:
+    for split in gbrun.data.splits.ATTRIBUTES:
         data = {d["name"]: d for d in (task.get(split) or [{}])[0].get(
             "data", [])}
         if "seed_nodes" not in data:
@@ -284,7 +285,7 @@ def write(args):
 
     node_data[example.LABEL_KEY] = write_rows(
         labels, node_sizes, f"node_data/{example.LABEL_KEY}-%d.npy", out)
-    for index, mask in enumerate(gbrun.dgl_engine.files.SPLIT_MASKS):
+    for index, mask in enumerate(gbrun.data.splits.MASKS):
         def split_mask(start, end, index=index):
             low, high = rows(start, end)
             chunk = np.zeros(end - start, dtype=bool)

@@ -51,6 +51,7 @@ import tempfile
 
 import gbrun.cli
 import gbrun.data.datasets
+import gbrun.data.splits
 import gbrun.dgl_engine.files
 import gbrun.sources
 
@@ -90,8 +91,7 @@ def dataset_to_dgl_graph(dataset, item_sets, label_key):
     data[label_key] = torch.full((count, *labels.shape[1:]),
                                  -1 if labels.dim() == 1 else 0,
                                  dtype=labels.dtype)
-    for mask_name, (seeds, labels) in zip(gbrun.dgl_engine.files.SPLIT_MASKS,
-                                          splits):
+    for mask_name, (seeds, labels) in zip(gbrun.data.splits.MASKS, splits):
         mask = torch.zeros(count, dtype=torch.bool)
         mask[seeds.long()] = True
         data[mask_name] = mask

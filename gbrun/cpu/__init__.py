@@ -1,7 +1,7 @@
 """The CPU speed pack (docs/performance.md): what a rank sets for speed and
 memory, and how CPU ranks run the model. tune_rank applies all of it, in
 the order it needs (the examples call it). Elsewhere in gbrun only
-gbrun.plan imports the modules below, to decide before spawning:
+gbrun.planning imports the modules below, to decide before spawning:
 info.has_bf16 (the CPU computes bf16) and dropout.kernel_problem (whether
 --fused-dropout can run here).
 

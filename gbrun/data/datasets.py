@@ -17,10 +17,6 @@ from .loading import dataset_directory
 from .metadata import read_metadata
 from .splits import ATTRIBUTES, TRAIN
 
-# The task's splits as GraphBolt names them, in the order a Job's item sets
-# hold them (gbrun.data.splits names them; distributed/ reads them here).
-SPLITS = ATTRIBUTES
-
 
 def node_key(name, node_type=None):
     """The feature store's key of node feature `name` (of `node_type`, on a

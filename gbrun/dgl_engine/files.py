@@ -10,7 +10,7 @@ import torch
 
 from ..cli import UsageError
 from ..graphbolt import gb
-from ..data.splits import ATTRIBUTES, MASKS
+from ..data.splits import ATTRIBUTES
 
 # The dataset's item sets in the partitioned graph's node ids (written by
 # partition_graph.py): the trainer's Job holds them, as on one machine.
@@ -19,9 +19,6 @@ ITEM_SETS_FILE = "item_sets.pt"
 ORIG_NIDS_FILE = "orig_nids.pt"
 # What the partition config does not record, beside it (dataset_info).
 DATASET_INFO_FILE = "dataset_info.json"
-# Node data of the partitions: a mask per split, as node_split takes them
-# (named in gbrun.data.splits; distributed/ reads them here).
-SPLIT_MASKS = MASKS
 
 
 def dataset_info(graph_name, num_classes, features, example, num_train,

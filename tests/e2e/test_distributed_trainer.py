@@ -157,6 +157,7 @@ def test_partition_outputs(partitions):
     import dgl
 
     import gbrun.data.datasets
+    import gbrun.data.splits
     import gbrun.dgl_engine.files
 
     dataset = gbrun.data.datasets.load_dataset(partitions["dataset"])
@@ -176,7 +177,7 @@ def test_partition_outputs(partitions):
     # The trainer's Job holds the dataset's item sets, renumbered as the
     # partitions number the nodes.
     item_sets = gbrun.dgl_engine.files.load_item_sets(partitions["out"])
-    for split, item_set in zip(gbrun.data.datasets.SPLITS, item_sets):
+    for split, item_set in zip(gbrun.data.splits.ATTRIBUTES, item_sets):
         seeds, labels = item_set[:]
         expected_seeds, expected_labels = getattr(dataset.tasks[0], split)[:]
         assert torch.equal(orig_nids[seeds], expected_seeds)
