@@ -472,14 +472,16 @@ def wait_unsupervised(running, exits, deadline):
             f"{last_exit - failed_at:.1f} s later")
 
 
-def report_shared_memory(machines, machine_pids):
+def report_shared_memory(machines, machine_pids, marked_env):
     """--as-tools-launch: what each machine's /dev/shm holds once its
     processes are gone (a failed job's partition, features and graph are
-    left there when nothing unlinks them)."""
+    left there when nothing unlinks them). The listing carries the run's
+    marker, as every process of the run does."""
     for machine in machines:
         listed = subprocess.run(
             ["nsenter", "--target", str(machine_pids[machine["id"]]),
-             "--mount", "ls", "-A", "/dev/shm"], capture_output=True, text=True)
+             "--mount", "ls", "-A", "/dev/shm"], capture_output=True, text=True,
+            env=marked_env)
         names = listed.stdout.split()
         print(f"machine {machine['id']}: /dev/shm holds {len(names)} "
               f"entries{': ' if names else ''}{' '.join(sorted(names))}",
@@ -544,7 +546,7 @@ def run_job(args, run_id, stop):
             failure = wait_for_job(running, exits, deadline, stop)
         else:
             failure = wait_unsupervised(running, exits, deadline)
-            report_shared_memory(plan["machines"], machine_pids)
+            report_shared_memory(plan["machines"], machine_pids, marked_env)
     except RuntimeError as e:
         failure = str(e)
     finally:
