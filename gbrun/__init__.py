@@ -14,6 +14,8 @@ The rank runtime, which the example's run() and loop reach:
     launch      mp.spawn and torchrun, the Job every rank gets, a rank's
                 lifecycle (run_rank)
     stop        SIGTERM/SIGINT: every rank stops at one step, resumably
+    collectives the process group's barrier and teardown, as torch 2.2
+                needs them
     progress    a run's progress: restore, epochs, stop, save (Progress)
     batches     a rank's seeded, skippable mini-batches of one pass
     checkpoint  where a run starts, checkpoint files, the resume key

@@ -35,7 +35,7 @@ from .checkpoint import (
     save_model,
 )
 from .cli import UsageError
-from .launch import barrier
+from .collectives import barrier
 from .records import append_metrics
 
 
