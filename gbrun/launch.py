@@ -216,7 +216,7 @@ def join_ranks(context, grace_s=RANK_GRACE_S):
 def run_rank(rank, run, plan, args, job, stop_request=None, on_failure=None,
              report=None, parent=None):
     """The entry point of each rank: run() with the rank's stop signal
-    installed (gbrun.stop), its failure reported, a wait for every rank at
+    installed (gbrun.stop) and handed on in the plan, its failure reported, a wait for every rank at
     the end (rank 0 hosts the rendezvous store: nobody leaves before all are
     done) and its process group torn down. A rank stopped by a signal exits
     with 128 + its number, as a process killed by it would. `on_failure`:
@@ -236,7 +236,8 @@ def run_rank(rank, run, plan, args, job, stop_request=None, on_failure=None,
         report = threading.Lock()
     stopped_by = 0
     try:
-        stop.install(plan.device(rank), stop_request)
+        plan = dataclasses.replace(
+            plan, stop=stop.install(plan.device(rank), stop_request))
         run(rank, plan, args, job)
         if dist.is_initialized():
             wait_for_every_rank(rank, plan)
