@@ -170,11 +170,13 @@ class Progress:
         """Every rank, once a signal stopped training inside an epoch: rank 0
         saves where, with every rank's loss sum and item count, and says how
         to go on; then every rank raises gbrun.stop.Stopped."""
-        partial = every_ranks_sums(batches, self.device, self.world_size)
+        gathered = every_ranks_sums(batches, self.device, self.world_size)
         error = None
         if self.rank == 0:
             try:
                 if self.start.checkpoint_dir:
+                    partial = [[loss, int(count)] for loss, count in
+                               (g.tolist() for g in gathered)]
                     self.checkpoints.save(batches.epoch, batches.step,
                                           partial)
                 stopping.report_stop(self.start.checkpoint_dir,
@@ -208,8 +210,8 @@ def agree_saved(error, device):
 
 
 def every_ranks_sums(batches, device, world_size):
-    """[loss sum, item count] of each rank's `batches` so far, on every
-    rank."""
+    """Each rank's [loss sum, item count] of its `batches` so far, as a
+    tensor on `device`, gathered on every rank."""
     batches.check_added()
     # On the rank's device: NCCL gathers only tensors on the input's GPU.
     sums = torch.stack([
@@ -218,8 +220,7 @@ def every_ranks_sums(batches, device, world_size):
     ])
     gathered = [torch.zeros_like(sums) for _ in range(world_size)]
     dist.all_gather(gathered, sums)
-    return [[loss, int(count)] for loss, count in
-            (g.tolist() for g in gathered)]
+    return gathered
 
 
 class OptimizerSteps:
