@@ -125,10 +125,7 @@ def resume_key(model, optimizer, scheduler, args, fanout):
     node_classification.py's): here also the loss, the task and the
     negatives."""
     return {
-        "model": {
-            "repr": repr(model),
-            "shapes": {k: list(v.shape) for k, v in model.state_dict().items()},
-        },
+        "model": checkpoint.described(model),
         "optimizer": checkpoint.hyperparameters(optimizer),
         "scheduler": checkpoint.hyperparameters(scheduler),
         "loss": "binary cross-entropy",

@@ -128,10 +128,7 @@ def resume_key(model, optimizer, scheduler, args, fanout):
     into steps, is compared only for a checkpoint saved inside an epoch; a
     run that only predicts compares no part in checkpoint.TRAINING_KEYS."""
     return {
-        "model": {
-            "repr": repr(model),
-            "shapes": {k: list(v.shape) for k, v in model.state_dict().items()},
-        },
+        "model": checkpoint.described(model),
         "optimizer": checkpoint.hyperparameters(optimizer),
         "scheduler": checkpoint.hyperparameters(scheduler),
         "dataset": datasets.dataset_identity(args.dataset),

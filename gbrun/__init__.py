@@ -15,9 +15,16 @@ The rank runtime, which the example's run() and loop reach:
     launch      mp.spawn and torchrun, the Job every rank gets, a rank's
                 lifecycle (run_rank)
     stop        SIGTERM/SIGINT: every rank stops at one step, resumably
-    progress    a run's progress: restore, epochs, stop, save (Progress)
+    collectives the process group's barrier and teardown, as torch 2.2
+                needs them
+    progress    a run's progress: epochs, stop, save (Progress)
+    run_state   a run's state in one room: what checkpoint.pt holds (the
+                example's states and a RunState), read, checked, saved and
+                restored (CheckpointManager)
+    trees       one walk over nested data (state_dicts, resume keys)
     batches     a rank's seeded, skippable mini-batches of one pass
-    checkpoint  where a run starts, checkpoint files, the resume key
+    checkpoint  where a run starts (start_or_resume), the resume key's
+                parts, model.pt and model.json
     records     metrics.jsonl
     sources     the two kinds of data a run trains from (a GraphBolt
                 dataset, DGL's partitions) and what each provides
@@ -39,8 +46,9 @@ And three subpackages, each for one audience:
     cpu         the CPU speed pack: memory settings, one-pass dropout,
                 bf16 products in shapes that recur (cpu.tune_rank)
 
-State a process keeps: gbrun.stop's installed signal handler,
-gbrun.cpu.dropout's loaded kernel (each module's docstring says why), and
+State a process keeps: the signal handlers of gbrun.stop's StopSignal
+(handed to the rank's run() in its plan), gbrun.cpu.dropout's loaded
+kernel (each module's docstring says why), and
 DGLBACKEND, set below.
 """
 import os

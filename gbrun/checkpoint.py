@@ -1,48 +1,40 @@
-"""Checkpoint files, the resume key, and where a run starts.
+"""Where a run starts, the trained model's files, and the resume key's
+parts the example asks for.
 
 start_or_resume decides, once and before any rank trains, where a run
 starts (a Start): from scratch, or from a checkpoint it checks against the
-example's resume key and this launch. gbrun.progress.Progress saves and
-restores the run with the file functions here: checkpoint.pt after every
-epoch and when stopped, model.pt at the end, with model.json beside it
-(what the model was made with: its resume key, which load_model checks).
-Checkpoints hold
-tensors and plain data only, and load with weights_only=True.
+example's resume key and this launch (the checkpoint file itself, its
+contents, checks and restore, are gbrun.run_state's). The example builds
+its resume key with described(model) and hyperparameters(optimizer or
+scheduler). gbrun.progress.Progress writes model.pt at the end
+(save_model), with model.json beside it (what the model was made with: its
+resume key, which load_model checks).
 """
-import errno
 import fcntl
 import inspect
 import json
 import os
 import socket
-import tempfile
-import zipfile
-import pickle
 from dataclasses import dataclass
 
 import torch
 
 from . import outputs
-from .records import METRICS_FILE
 from .cli import UsageError
+from .outputs import save_atomically
+from .records import METRICS_FILE
+from .run_state import (
+    CHECKPOINT_FILE, DATASET_KEY, TRAINING_KEYS, RunState, check_key,
+    check_resume, cpu_state, dataset_content, dataset_named, predicts_only,
+    read_checkpoint,
+)
+from .trees import difference, plain
+# Names code written before gbrun.run_state imports from here.
+from .trees import check_plain  # noqa: F401
 
-CHECKPOINT_FILE = "checkpoint.pt"
 MODEL_FILE = "model.pt"
 MODEL_CONFIG_FILE = "model.json"
 LOCK_FILE = "lock"
-REQUIRED = {"model", "optimizer", "epoch", "seed", "config"}
-# The part of a resume key that says how an epoch is cut into steps (the
-# batch size): compared only for a checkpoint saved inside an epoch, whose
-# resume skips the steps it trained.
-STEPS_KEY = "steps"
-# The part that names the dataset (gbrun.data.datasets.dataset_identity):
-# compared by content, and named by the path it was read from.
-DATASET_KEY = "dataset"
-# The parts that only training reads (the optimizer and its schedule, how
-# batches are sampled and cut, the dropout that runs): a run that trains
-# nothing (--resume --predict of a finished run) does not compare them.
-TRAINING_KEYS = ("optimizer", "scheduler", "fanout", STEPS_KEY, "negatives",
-                 "loss", "dropout")
 
 
 @dataclass
@@ -70,7 +62,8 @@ class Start:
     def trains(self):
         """False for a run that only predicts (--resume --predict of a
         finished run): it skips what only training needs."""
-        return self.checkpoint is None or self.checkpoint["epoch"] < self.epochs
+        return (self.checkpoint is None
+                or RunState.saved(self.checkpoint).epoch < self.epochs)
 
 
 class DirectoryLock:
@@ -145,7 +138,8 @@ def start_or_resume(args, key, plan, epochs, lock=None):
                 held.close()
             raise
         # Without --seed the run continues the checkpoint's sequence.
-        seed = checkpoint["seed"] if args.seed is None else args.seed
+        seed = RunState.saved(checkpoint).seed if args.seed is None else (
+            args.seed)
     return Start(checkpoint, seed, epochs, args.max_batches,
                  args.checkpoint_dir, args.log_dir, key, held)
 
@@ -164,10 +158,11 @@ def resumed(args, key, world_size, epochs, speak=True):
         check_resume(checkpoint, args, world_size, epochs)
         return checkpoint, epochs
     check_key(checkpoint, key, path, ignore=TRAINING_KEYS + (DATASET_KEY,))
-    then = checkpoint["config"].get(DATASET_KEY)
+    saved = RunState.saved(checkpoint)
+    then = saved.key.get(DATASET_KEY)
     now = key.get(DATASET_KEY)
     trained = (f"the model of {args.checkpoint_dir}, trained "
-               f"{checkpoint['epoch']} epochs on {dataset_named(then)}")
+               f"{saved.epoch} epochs on {dataset_named(then)}")
     said = f"Predicting with {trained}; nothing trains."
     if dataset_content(then) != dataset_content(now):
         said = (f"Predicting on another dataset, {dataset_named(now)} "
@@ -175,36 +170,7 @@ def resumed(args, key, world_size, epochs, speak=True):
                 f", with {trained}; nothing trains.")
     if speak:
         print(said, flush=True)
-    return checkpoint, checkpoint["epoch"]
-
-
-def predicts_only(checkpoint, args, epochs):
-    """True for --resume --predict of a checkpoint with nothing left to
-    train: saved at the end of the epochs its run was asked for (so
-    --epochs need not repeat them), or at `epochs`."""
-    if not getattr(args, "predict", None):
-        return False
-    done = checkpoint["epoch"]
-    finished = not checkpoint.get("step") and done >= checkpoint.get(
-        "epochs", epochs)
-    return finished or done >= epochs
-
-
-def dataset_content(identity):
-    """What a resume key's dataset is compared by: its files' sizes and
-    digests (gbrun.data.datasets.dataset_identity), or the whole identity
-    of a checkpoint that predates its path."""
-    if isinstance(identity, dict) and "files" in identity:
-        return identity["files"]
-    return identity
-
-
-def dataset_named(identity):
-    """The dataset of a resume key as a user names it: the path it was
-    read from (or a builtin's name)."""
-    if isinstance(identity, dict) and "path" in identity:
-        return repr(identity["path"])
-    return "a dataset whose path was not recorded"
+    return checkpoint, saved.epoch
 
 
 def writable_directory(option, directory):
@@ -228,93 +194,6 @@ def load_checkpoint(directory, config, ignore=()):
     checkpoint = read_checkpoint(path)
     check_key(checkpoint, config, path, ignore)
     return checkpoint
-
-
-def read_checkpoint(path):
-    """The checkpoint at `path`, loaded as tensors and plain data only;
-    one that is missing, unreadable or not a checkpoint refused in one
-    line."""
-    if not os.path.isfile(path):
-        raise UsageError(f"--resume: there is no checkpoint '{path}'")
-    if not zipfile.is_zipfile(path):
-        # torch.save writes a zip archive: anything else is no checkpoint.
-        raise UsageError(unreadable(path, ValueError(
-            "not a zip archive, as torch.save writes")))
-    try:
-        # Tensors and plain containers only: nothing in the file can run.
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        missing = REQUIRED - set(checkpoint)
-        if missing:
-            raise KeyError(f"no {', '.join(sorted(missing))}")
-    except pickle.UnpicklingError as error:
-        if "Weights only load failed" not in str(error):
-            raise UsageError(unreadable(path, error)) from None
-        raise UsageError(
-            f"checkpoint '{path}' holds objects other than tensors and plain "
-            "data, which could run code when loaded; refused, nothing in it ran"
-        ) from None
-    except Exception as error:
-        raise UsageError(unreadable(path, error)) from None
-    return checkpoint
-
-
-def check_key(checkpoint, config, path, ignore=()):
-    """Refuses, in one line, a checkpoint (read from `path`) whose resume
-    key differs from `config` in a part not in `ignore`: the dataset by
-    content (named by both paths), the steps only inside an epoch."""
-    saved_config = checkpoint["config"]
-    for key, value in config.items():
-        saved = saved_config.get(key)
-        if key in ignore or saved == value:
-            continue
-        if key == DATASET_KEY:
-            if dataset_content(saved) == dataset_content(value):
-                continue  # the same bytes, elsewhere
-            raise UsageError(
-                f"checkpoint '{path}' was made with another dataset, "
-                f"{dataset_named(saved)}, not this run's "
-                f"{dataset_named(value)} "
-                f"({difference(dataset_content(saved), dataset_content(value))})"
-                "; refused: a run trains on its own dataset only (a finished "
-                "run's checkpoint predicts on another: --resume --predict)")
-        if key == STEPS_KEY:
-            if not checkpoint.get("step"):
-                continue  # a new epoch may be cut into steps anew
-            raise UsageError(
-                f"checkpoint '{path}' stopped inside epoch "
-                f"{checkpoint['epoch']} after step {checkpoint['step']}, "
-                f"which this run would cut into other steps "
-                f"({difference(saved, value)}); resume with the same, or "
-                "resume a checkpoint saved at an epoch's end"
-            )
-        raise UsageError(
-            f"checkpoint '{path}' was made with another {key} "
-            f"({difference(saved, value)}); refused"
-        )
-
-
-def difference(saved, value, where=""):
-    """The first place where two configurations differ, on one line."""
-    if isinstance(saved, dict) and isinstance(value, dict):
-        for key in list(value) + [k for k in saved if k not in value]:
-            if saved.get(key) != value.get(key):
-                return difference(saved.get(key), value.get(key),
-                                  f"{where}.{key}" if where else key)
-    if (isinstance(saved, list) and isinstance(value, list)
-            and len(saved) == len(value)
-            and all(isinstance(v, dict) for v in saved + value)):
-        # An optimizer's param_groups: the first group that differs.
-        for i, (then, now) in enumerate(zip(saved, value)):
-            if then != now:
-                return difference(then, now, f"{where}[{i}]")
-    if isinstance(saved, str) and isinstance(value, str):
-        # A model's repr: the first line that differs.
-        for then, now in zip(saved.splitlines(), value.splitlines()):
-            if then != now:
-                saved, value = then.strip(), now.strip()
-                break
-    text = f"{where}: " * bool(where) + f"{saved!r} then, {value!r} now"
-    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def hyperparameters(obj):
@@ -347,158 +226,6 @@ def hyperparameters(obj):
     if start_lrs != [group.get("initial_lr", group["lr"]) for group in groups]:
         described["start_lrs"] = start_lrs
     return described
-
-
-def plain(value):
-    """`value` as numbers, strings, lists and dicts (tensors as lists), or
-    None where it is something else."""
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return None
-
-
-def unreadable(path, error):
-    reason = (str(error).splitlines() or [""])[0]
-    return (
-        f"checkpoint '{path}' is unreadable, truncated or corrupted "
-        f"({type(error).__name__}: {reason})"
-    )
-
-
-def check_resume(checkpoint, args, world_size, epochs):
-    partial = checkpoint.get("partial")
-    if checkpoint.get("step") and len(partial or []) != world_size:
-        raise UsageError(
-            f"checkpoint stopped inside epoch {checkpoint['epoch']} with "
-            f"{len(partial or [])} ranks; resume it with as many, not "
-            f"{world_size}"
-        )
-    if args.seed is not None and args.seed != checkpoint["seed"]:
-        raise UsageError(
-            f"--seed {args.seed}: the checkpoint was made with --seed "
-            f"{checkpoint['seed']}"
-        )
-    if checkpoint["epoch"] >= epochs and not getattr(args, "predict", None):
-        # The example names its epoch count's option; gbrun does not.
-        raise UsageError(
-            f"{epochs} epochs to train: the checkpoint has already trained "
-            f"{checkpoint['epoch']} epochs; ask for more epochs, or add "
-            "--predict FILE to predict with it"
-        )
-
-
-def cpu_state(obj):
-    """obj.state_dict() with every tensor on the CPU, so that files saved by
-    GPU ranks load on any machine."""
-    return cpu_values(obj.state_dict())
-
-
-def cpu_values(value):
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {k: cpu_values(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(cpu_values(v) for v in value)
-    return value
-
-
-def check_plain(value, where):
-    """Refuses what a checkpoint cannot hold: it loads with
-    weights_only=True, so tensors and plain data only."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            check_plain(item, f"{where}[{key!r}]")
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            check_plain(item, f"{where}[{i}]")
-    elif not (value is None or isinstance(value, (bool, int, float, str,
-                                                  torch.Tensor))):
-        raise TypeError(
-            f"{where} is a {type(value).__name__}: a checkpoint holds tensors "
-            "and plain data only (numbers, strings, lists, dicts); keep a "
-            "model's state_dict(), not the model"
-        )
-
-
-def save_atomically(obj, path, save=None):
-    """Write with `save(obj, file)` (torch.save by default), flush to disk,
-    then rename: a crash while saving leaves the previous file intact."""
-    # A new file of a name nobody could plant a symlink at beforehand, in
-    # the directory as `path` names it: resolved from the working directory
-    # as the rename's target is (on a simulated machine, /tmp may be
-    # another mount than the one the working directory lies on).
-    parent = os.path.dirname(path) or os.curdir
-    descriptor, temporary = tempfile.mkstemp(
-        dir=parent,
-        prefix=f".{os.path.basename(path)}.")
-    # mkstemp returns the name made absolute: keep it as `parent` spells it.
-    temporary = os.path.join(parent, os.path.basename(temporary))
-    os.fchmod(descriptor, 0o666 & ~umask())  # as open() would make it
-    try:
-        with os.fdopen(descriptor, "wb") as f:
-            (save or torch.save)(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except (OSError, RuntimeError) as error:
-        full = disk_full(error)
-        if full is None:
-            raise
-        raise UsageError(
-            f"could not write {path}: {full.strerror} (about "
-            f"{payload_bytes(obj) / 2**20:,.1f} MB to write); the previous "
-            f"{os.path.basename(path)} there, if any, is intact") from None
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-    directory = os.open(parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
-def umask():
-    """This process's umask, read where reading does not change it (Linux
-    shows it in /proc/self/status); Linux's usual 022 otherwise."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
-    return 0o022
-
-
-def disk_full(error):
-    """The OSError of a full disk (or quota) behind `error`, or None: torch's
-    zip writer raises a RuntimeError of its own while handling it."""
-    while error is not None:
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC,
-                                                          errno.EDQUOT):
-            return error
-        error = error.__cause__ or error.__context__
-    return None
-
-
-def payload_bytes(obj):
-    """The bytes of the tensors in `obj` (dicts, lists, tensors, arrays):
-    about what saving it writes."""
-    if isinstance(obj, dict):
-        return sum(payload_bytes(value) for value in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(payload_bytes(value) for value in obj)
-    return getattr(obj, "nbytes", 0) or (
-        obj.numel() * obj.element_size() if isinstance(obj, torch.Tensor)
-        else 0)
 
 
 def save_model(model, directory, key):

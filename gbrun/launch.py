@@ -16,7 +16,6 @@ import stat
 import sys
 import tempfile
 import threading
-import time
 import traceback
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -28,6 +27,7 @@ import torch.multiprocessing as mp
 from torch.multiprocessing.reductions import ForkingPickler
 
 from . import sources, stop
+from .collectives import barrier, destroy_process_group
 from .cli import UsageError, fail, is_first_process
 from .planning import plan_run
 
@@ -216,7 +216,7 @@ def join_ranks(context, grace_s=RANK_GRACE_S):
 def run_rank(rank, run, plan, args, job, stop_request=None, on_failure=None,
              report=None, parent=None):
     """The entry point of each rank: run() with the rank's stop signal
-    installed (gbrun.stop), its failure reported, a wait for every rank at
+    installed (gbrun.stop) and handed on in the plan, its failure reported, a wait for every rank at
     the end (rank 0 hosts the rendezvous store: nobody leaves before all are
     done) and its process group torn down. A rank stopped by a signal exits
     with 128 + its number, as a process killed by it would. `on_failure`:
@@ -236,7 +236,8 @@ def run_rank(rank, run, plan, args, job, stop_request=None, on_failure=None,
         report = threading.Lock()
     stopped_by = 0
     try:
-        stop.install(plan.device(rank), stop_request)
+        plan = dataclasses.replace(
+            plan, stop=stop.install(plan.device(rank), stop_request))
         run(rank, plan, args, job)
         if dist.is_initialized():
             wait_for_every_rank(rank, plan)
@@ -372,22 +373,3 @@ def load_job_in_turn(rank, plan, load_job, args):
     )
     return job if plan.local_rank == 0 else pickle.loads(mine[0])
 
-
-def barrier(device):
-    """A barrier that tells NCCL the rank's GPU: before the first NCCL
-    collective torch 2.2 would otherwise guess it, and can hang."""
-    if device.type == "cuda":
-        dist.barrier(device_ids=[device.index])
-    else:
-        dist.barrier()
-
-
-def destroy_process_group():
-    """torch 2.2 destroys a gloo group while holding the GIL, and can
-    deadlock if a gloo worker thread still has to free a tensor of a recent
-    collective (freeing needs the GIL); fixed upstream in pytorch#154976.
-    Sleeping first releases the GIL so that the worker can finish: in a
-    2-rank stress test under load, 4 of 25 runs hung without it, 0 of 25
-    with it."""
-    time.sleep(0.2)
-    dist.destroy_process_group()

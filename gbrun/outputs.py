@@ -7,13 +7,20 @@ not see those), a FIFO or another user's file at such a name is refused in
 one line naming it. An existing --predict file is replaced only where the
 record --predict writes beside it (FILE.json: its size and SHA-256) says
 it is an earlier prediction, unchanged; a dataset's own .npy, or any other
-file, is not."""
+file, is not. A file written whole (a checkpoint, model.pt, a prediction)
+is written beside its name, then renamed (save_atomically): a crash leaves
+the previous one intact."""
+import errno
 import hashlib
 import json
 import os
 import stat
+import tempfile
+
+import torch
 
 from .cli import UsageError
+from .trees import payload_bytes
 
 RECORD_SUFFIX = ".json"  # beside a --predict file: what it was written as
 
@@ -83,3 +90,65 @@ def write_record(path):
     with os.fdopen(descriptor, "w") as f:
         json.dump(describe(path), f)
     os.replace(temporary, path + RECORD_SUFFIX)
+
+
+def save_atomically(obj, path, save=None):
+    """Write with `save(obj, file)` (torch.save by default), flush to disk,
+    then rename: a crash while saving leaves the previous file intact."""
+    # A new file of a name nobody could plant a symlink at beforehand, in
+    # the directory as `path` names it: resolved from the working directory
+    # as the rename's target is (on a simulated machine, /tmp may be
+    # another mount than the one the working directory lies on).
+    parent = os.path.dirname(path) or os.curdir
+    descriptor, temporary = tempfile.mkstemp(
+        dir=parent,
+        prefix=f".{os.path.basename(path)}.")
+    # mkstemp returns the name made absolute: keep it as `parent` spells it.
+    temporary = os.path.join(parent, os.path.basename(temporary))
+    os.fchmod(descriptor, 0o666 & ~umask())  # as open() would make it
+    try:
+        with os.fdopen(descriptor, "wb") as f:
+            (save or torch.save)(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except (OSError, RuntimeError) as error:
+        full = disk_full(error)
+        if full is None:
+            raise
+        raise UsageError(
+            f"could not write {path}: {full.strerror} (about "
+            f"{payload_bytes(obj) / 2**20:,.1f} MB to write); the previous "
+            f"{os.path.basename(path)} there, if any, is intact") from None
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+    directory = os.open(parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def umask():
+    """This process's umask, read where reading does not change it (Linux
+    shows it in /proc/self/status); Linux's usual 022 otherwise."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
+
+
+def disk_full(error):
+    """The OSError of a full disk (or quota) behind `error`, or None: torch's
+    zip writer raises a RuntimeError of its own while handling it."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC,
+                                                          errno.EDQUOT):
+            return error
+        error = error.__cause__ or error.__context__
+    return None

@@ -44,6 +44,9 @@ class Plan:
     notices: list  # lines to print before training
     load_timeout: datetime.timedelta = LOAD_TIMEOUT
     finish_timeout: float = 60.0  # seconds, --finish-timeout
+    # The rank's gbrun.stop.StopSignal, which gbrun.launch.run_rank installs
+    # in the rank and hands on in the plan (None in the launcher).
+    stop: object = None
 
     def device(self, rank):
         return torch.device(self.devices[rank - self.rank_offset])

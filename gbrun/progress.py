@@ -1,7 +1,8 @@
 """A run's progress: what exact resume needs, kept out of the example's loop.
 
 The example hands Progress what is saved (model, optimizer, scheduler) once;
-Progress restores them from the checkpoint being resumed, and its epochs()
+its CheckpointManager (gbrun.run_state) restores them from the checkpoint
+being resumed and saves them with the run's state, and the epochs()
 iterator owns the rest: skipping the steps a stopped run trained, seeding,
 the stop agreement (each epoch's batches are the Joinable), the checkpoint
 of a stop and the barrier after each epoch. Each touch point the loop keeps
@@ -19,57 +20,50 @@ make a resume silently inexact:
                                           # or a state changed after it:
                                           # refused
 """
-import copy
-import os
 import time
 
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
-from torch.nn.parallel import DistributedDataParallel
 
 from . import stop as stopping
 from .batches import Batches, Evaluation
-from .checkpoint import (
-    CHECKPOINT_FILE, check_plain, cpu_state, cpu_values, save_atomically,
-    save_model,
-)
+from .checkpoint import save_model
 from .cli import UsageError
-from .launch import barrier
+from .collectives import barrier
 from .records import append_metrics
+from .run_state import CheckpointManager, RunState
 
 
 class Progress:
     """One rank's run: where it starts (`start`, a gbrun.checkpoint.Start),
     what it restores and saves (`states`: objects with state_dict() and
     load_state_dict(), such as the model, with or without DDP, the
-    optimizer and an LR scheduler; None is skipped), the epochs it trains
-    and the files it writes. Make it after init_process_group, in every
-    rank. `kept` is a dict of your own values to keep across a resume
-    (tensors and plain data): rank 0's is saved, and every rank gets it
-    back."""
+    optimizer and an LR scheduler; None is skipped: see
+    gbrun.run_state.CheckpointManager), the epochs it trains, the stop
+    signal it answers (`plan.stop`, installed by gbrun.launch.run_rank) and
+    the files it writes. Make it after init_process_group, in every rank.
+    `kept` is a dict of your own values to keep across a resume (tensors
+    and plain data): rank 0's is saved, and every rank gets it back."""
 
     def __init__(self, plan, start, **states):
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.device = plan.device(self.rank)
         self.upcast = not plan.autocast
-        self.start, self.stop = start, stopping.installed()
-        self.states = {name: unwrapped(obj) for name, obj in states.items()
-                       if obj is not None}
-        checkpoint = start.checkpoint or {}
-        self.start_epoch = checkpoint.get("epoch", 0)
-        self.start_step = checkpoint.get("step", 0)
-        self.kept = restore(self.states, start.checkpoint,
-                            start.checkpoint_dir)
+        self.start, self.stop = start, plan.stop
+        if self.stop is None:
+            raise RuntimeError(
+                "no stop signal in this rank's plan: run() must be started "
+                "by gbrun.launch (launch_ranks, or the distributed trainer)")
+        self.checkpoints = CheckpointManager(
+            states, RunState(start.seed, start.epochs, start.key),
+            start.checkpoint, start.checkpoint_dir)
+        self.states = self.checkpoints.states
+        run = self.checkpoints.run
+        self.start_epoch, self.start_step = run.epoch, run.step
         self.batches = None  # the epoch being trained
-        self.saved = None  # what save_epoch saved of it
-        # A stop waits for a step that ended with an optimizer step: a
-        # checkpoint never falls inside a gradient accumulation.
-        self.optimizers = [obj for obj in self.states.values()
-                           if isinstance(obj, torch.optim.Optimizer)]
-        self.optimizer_steps = 0
-        for optimizer in self.optimizers:
-            optimizer.register_step_post_hook(self._count_step)
+        self.saved = False  # whether save_epoch saved it
+        self.optimizer_steps = OptimizerSteps(self.states)
         # A run that only predicts said so where it started (gbrun.checkpoint).
         if start.checkpoint is not None and start.trains:
             if self.rank == 0:
@@ -89,74 +83,38 @@ class Progress:
             self.batches = None  # what follows is after training
 
     def _epochs(self, train_loader):
+        partial = self.checkpoints.run.partial
         for epoch in range(self.start_epoch, self.start.epochs):
             resumed = epoch == self.start_epoch and self.start_step
             loss, count = 0.0, 0
             if resumed:
-                loss, count = self.start.checkpoint["partial"][self.rank]
+                loss, count = partial[self.rank]
             self.batches = EpochBatches(
                 self, train_loader, epoch,
                 self.start_step if resumed else 0,
                 torch.tensor(loss, device=self.device), count,
             )
-            self.saved = None
+            self.saved = False
             yield epoch, self.batches
             self._end_epoch(epoch)
-
-    def _count_step(self, optimizer, args, kwargs):
-        self.optimizer_steps += 1
-
-    def _check_no_pending_gradients(self, where):
-        """A checkpoint saves no gradients: refuses one taken while the
-        model holds gradients that no optimizer step has applied yet."""
-        if not self.optimizers or self.batches.stepped_last:
-            return
-        for name, obj in self.states.items():
-            if isinstance(obj, torch.nn.Module) and any(
-                    p.grad is not None and bool(p.grad.any())
-                    for p in obj.parameters()):
-                raise RuntimeError(
-                    f"{where} in epoch {self.batches.epoch}: the {name} "
-                    "holds gradients accumulated since the last "
-                    "optimizer.step(), which a checkpoint does not keep; "
-                    "call optimizer.zero_grad() after the epoch's batches "
-                    "(docs/customising.md, gradient accumulation)")
 
     def _end_epoch(self, epoch):
         self.batches.check_trained()
         if self.rank == 0:
-            self._check_saved(epoch)
+            if not self.saved:
+                raise RuntimeError(
+                    f"train() ended epoch {epoch} without "
+                    "progress.save_epoch(record) on rank 0: it saves the "
+                    "epoch's checkpoint, which --resume continues from")
+            self.checkpoints.check_unchanged(epoch)
         if self.start.checkpoint_dir:
-            self._agree_saved(None)
+            agree_saved(None, self.device)
         if self.stop.agreed_now() and epoch + 1 < self.start.epochs:
             if self.rank == 0:
                 stopping.report_stop(self.start.checkpoint_dir,
                                      self.stop.signum, epoch + 1, 0)
             barrier(self.device)
             raise stopping.Stopped(self.stop.signum)
-
-    def _check_saved(self, epoch):
-        if self.saved is None:
-            raise RuntimeError(
-                f"train() ended epoch {epoch} without "
-                "progress.save_epoch(record) on rank 0: it saves the epoch's "
-                "checkpoint, which --resume continues from")
-        now = self._settings()
-        # A scheduler first: its step changes the optimizer's rate too.
-        optimizers_last = sorted(self.states.items(), key=lambda item:
-                                 isinstance(item[1], torch.optim.Optimizer))
-        for name, obj in optimizers_last:
-            if not same(now[name], self.saved[name]):
-                raise RuntimeError(
-                    f"the {name} changed after progress.save_epoch(record) "
-                    f"in epoch {epoch} ({type(obj).__name__}.step() after "
-                    "it?): its checkpoint would resume another run; save "
-                    "after the epoch's last change")
-        if not same(cpu_values(self.kept), self.saved["kept"]):
-            raise RuntimeError(
-                f"progress.kept changed after progress.save_epoch(record) in "
-                f"epoch {epoch}: its checkpoint would lose that change; save "
-                "after it")
 
     def evaluation(self, dataloader, name):
         """`dataloader` for evaluation: each pass (`for data in ...`) is at
@@ -174,20 +132,22 @@ class Progress:
             raise RuntimeError(
                 "progress.save_epoch(record) before the epoch's batches were "
                 "trained to the end: call it after the epoch's loop")
-        self._check_no_pending_gradients("progress.save_epoch(record)")
+        self.optimizer_steps.check_none_pending(
+            "progress.save_epoch(record)", batches)
         if self.rank != 0:
             return
         if self.start.checkpoint_dir:
             try:
-                self._save(batches.epoch + 1, step=0, partial=None)
+                self.checkpoints.save(batches.epoch + 1)
             except UsageError as error:
                 # A full disk: rank 0 meets the others at the barrier that
                 # waits for the checkpoint (_end_epoch) now, so that no
                 # epoch line is printed, and every rank ends.
-                self._agree_saved(f"{error}: --resume continues from it")
+                agree_saved(f"{error}: --resume continues from it",
+                            self.device)
         # What a later step of the schedule or edit of `kept` would change.
-        self.saved = dict(self._settings(),
-                          kept=cpu_values(copy.deepcopy(self.kept)))
+        self.checkpoints.remember()
+        self.saved = True
         if self.start.log_dir:
             append_metrics(self.start.log_dir, {
                 **record, **batches.speed_record()})
@@ -210,71 +170,90 @@ class Progress:
         """Every rank, once a signal stopped training inside an epoch: rank 0
         saves where, with every rank's loss sum and item count, and says how
         to go on; then every rank raises gbrun.stop.Stopped."""
-        batches.check_added()
-        # On the rank's device: NCCL gathers only tensors on the input's GPU.
-        sums = torch.stack([
-            batches.loss_sum.detach().to(torch.float64),
-            torch.tensor(batches.num_items, dtype=torch.float64,
-                         device=self.device),
-        ])
-        gathered = [torch.zeros_like(sums) for _ in range(self.world_size)]
-        dist.all_gather(gathered, sums)
+        gathered = every_ranks_sums(batches, self.device, self.world_size)
         error = None
         if self.rank == 0:
             try:
                 if self.start.checkpoint_dir:
                     partial = [[loss, int(count)] for loss, count in
                                (g.tolist() for g in gathered)]
-                    self._save(batches.epoch, batches.step, partial)
+                    self.checkpoints.save(batches.epoch, batches.step,
+                                          partial)
                 stopping.report_stop(self.start.checkpoint_dir,
                                      self.stop.signum, batches.epoch,
                                      batches.step)
             except UsageError as failed:  # a full disk: every rank ends
                 error = f"{failed}: --resume continues from it"
-        self._agree_saved(error)
+        agree_saved(error, self.device)
         raise stopping.Stopped(self.stop.signum)
 
-    def _agree_saved(self, error):
-        """Every rank, once rank 0 has tried to save a checkpoint (`error`:
-        why it could not, on rank 0): the barrier that waits for it, which
-        also tells every rank whether it failed. Then every rank ends with
-        that one line (UsageError: rank 0 says it, exit status 2), instead
-        of a traceback on rank 0 and the others' on the lost connection."""
-        failed = torch.tensor([int(error is not None)], device=self.device)
-        dist.all_reduce(failed, op=dist.ReduceOp.MAX)
-        if int(failed.item()):
-            raise UsageError(error or "rank 0 could not save the checkpoint")
+    @property
+    def kept(self):
+        """Your own values to keep across a resume (see Progress)."""
+        return self.checkpoints.run.kept
 
-    def _settings(self):
-        """What a step of the schedule changes, by state: an optimizer's
-        param_groups (without the parameters), a scheduler's state_dict; a
-        model's parameters change only with the optimizer's step (None)."""
-        settings = {}
+    @kept.setter
+    def kept(self, values):
+        self.checkpoints.run.kept = values
+
+
+def agree_saved(error, device):
+    """Every rank, once rank 0 has tried to save a checkpoint (`error`: why
+    it could not, on rank 0): the barrier that waits for it, which also
+    tells every rank whether it failed. Then every rank ends with that one
+    line (UsageError: rank 0 says it, exit status 2), instead of a
+    traceback on rank 0 and the others' on the lost connection."""
+    failed = torch.tensor([int(error is not None)], device=device)
+    dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+    if int(failed.item()):
+        raise UsageError(error or "rank 0 could not save the checkpoint")
+
+
+def every_ranks_sums(batches, device, world_size):
+    """Each rank's [loss sum, item count] of its `batches` so far, as a
+    tensor on `device`, gathered on every rank."""
+    batches.check_added()
+    # On the rank's device: NCCL gathers only tensors on the input's GPU.
+    sums = torch.stack([
+        batches.loss_sum.detach().to(torch.float64),
+        torch.tensor(batches.num_items, dtype=torch.float64, device=device),
+    ])
+    gathered = [torch.zeros_like(sums) for _ in range(world_size)]
+    dist.all_gather(gathered, sums)
+    return gathered
+
+
+class OptimizerSteps:
+    """A rank's optimizer steps, counted: a stop waits for a step that ended
+    with one, so that a checkpoint never falls inside a gradient
+    accumulation; and where a checkpoint is taken, none may be pending."""
+
+    def __init__(self, states):
+        self.states = states
+        self.optimizers = [obj for obj in states.values()
+                           if isinstance(obj, torch.optim.Optimizer)]
+        self.count = 0
+        for optimizer in self.optimizers:
+            optimizer.register_step_post_hook(self._counted)
+
+    def _counted(self, optimizer, args, kwargs):
+        self.count += 1
+
+    def check_none_pending(self, where, batches):
+        """A checkpoint saves no gradients: refuses one taken (`where`) while
+        a model holds gradients that no optimizer step has applied yet."""
+        if not self.optimizers or batches.stepped_last:
+            return
         for name, obj in self.states.items():
-            if isinstance(obj, torch.nn.Module):
-                settings[name] = None
-            elif isinstance(obj, torch.optim.Optimizer):
-                settings[name] = [
-                    {k: copy.deepcopy(v) for k, v in group.items()
-                     if k != "params"} for group in obj.param_groups]
-            else:
-                settings[name] = copy.deepcopy(obj.state_dict())
-        return settings
-
-    def _save(self, epoch, step, partial):
-        """Writes the checkpoint, with the epochs the run trains to (a
-        checkpoint at that epoch is finished: --resume --predict of it only
-        predicts). A stopped run also keeps each rank's loss sum and item
-        count so far (`partial`), for the epoch's average."""
-        check_plain(self.kept, "progress.kept")
-        checkpoint = {name: cpu_state(obj) for name, obj in self.states.items()}
-        checkpoint.update(
-            epoch=epoch, step=step, partial=partial, seed=self.start.seed,
-            epochs=self.start.epochs, config=self.start.key,
-            kept=cpu_values(self.kept),
-        )
-        save_atomically(checkpoint, os.path.join(self.start.checkpoint_dir,
-                                                 CHECKPOINT_FILE))
+            if isinstance(obj, torch.nn.Module) and any(
+                    p.grad is not None and bool(p.grad.any())
+                    for p in obj.parameters()):
+                raise RuntimeError(
+                    f"{where} in epoch {batches.epoch}: the {name} "
+                    "holds gradients accumulated since the last "
+                    "optimizer.step(), which a checkpoint does not keep; "
+                    "call optimizer.zero_grad() after the epoch's batches "
+                    "(docs/customising.md, gradient accumulation)")
 
 
 class EpochBatches(Batches, Joinable):
@@ -311,8 +290,8 @@ class EpochBatches(Batches, Joinable):
         self.started = True
         start = time.time()
         steps = Batches.__iter__(self)
-        progress = self.progress
-        self.optimizer_steps = progress.optimizer_steps
+        counted, stop = self.progress.optimizer_steps, self.progress.stop
+        self.optimizer_steps = counted.count
         for data in steps:
             yield data
             # The step is done: every rank agrees whether to stop here, and
@@ -320,11 +299,10 @@ class EpochBatches(Batches, Joinable):
             # unless gradients are being accumulated).
             self.check_added()
             Join.notify_join_context(self)
-            self.stepped_last = (not progress.optimizers
-                                 or progress.optimizer_steps
-                                 != self.optimizer_steps)
-            self.optimizer_steps = progress.optimizer_steps
-            if progress.stop.agreed() and self.stepped_last:
+            self.stepped_last = (not counted.optimizers
+                                 or counted.count != self.optimizer_steps)
+            self.optimizer_steps = counted.count
+            if stop.agreed() and self.stepped_last:
                 steps.close()
                 break
         else:
@@ -409,41 +387,3 @@ class _AnswerStop(JoinHook):
         stop.settle()
         if stop.signum and not self.batches.finished:
             self.batches.progress.save_stop(self.batches)
-
-
-def restore(states, checkpoint, checkpoint_dir):
-    """Loads each of `states` (name: object) from `checkpoint` (or does
-    nothing, for None), exactly as saved; returns a copy of the checkpoint's
-    `kept` values ({} if none)."""
-    if checkpoint is None:
-        return {}
-    for name, obj in states.items():
-        if checkpoint.get(name) is None:
-            raise UsageError(
-                f"checkpoint in '{checkpoint_dir}' has no {name} state; "
-                "this run has one"
-            )
-        # A copy: the checkpoint reached this rank through shared memory,
-        # and load_state_dict keeps CPU tensors as they are, so otherwise
-        # every rank would step the same optimizer state.
-        obj.load_state_dict(copy.deepcopy(checkpoint[name]))
-    return copy.deepcopy(checkpoint.get("kept") or {})
-
-
-def unwrapped(obj):
-    """The module inside DDP, or obj: a checkpoint holds the model's own
-    state_dict (no `module.` prefixes) whichever is handed over."""
-    return obj.module if isinstance(obj, DistributedDataParallel) else obj
-
-
-def same(a, b):
-    """True if two states (dicts, lists, tensors, plain values) are equal."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-                and a.shape == b.shape and a.dtype == b.dtype
-                and bool(torch.equal(a, b)))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b

@@ -1,10 +1,10 @@
 """Stopping on SIGTERM or SIGINT (a scheduler's preemption, Ctrl-C): every
 rank stops at the same step boundary, and the run saves where it stopped.
 
-Module state: `_installed`, this process's StopSignal. Signal handlers
-belong to a process, so a process has one: gbrun.launch.run_rank installs
-it first thing in a rank, and gbrun.progress.Progress finds it with
-installed()."""
+Signal handlers belong to a process, so a process has one StopSignal:
+gbrun.launch.run_rank installs it first thing in a rank and hands it to
+the rank's run() in the plan (plan.stop), where gbrun.progress.Progress
+takes it."""
 import os
 import signal
 
@@ -13,7 +13,6 @@ import torch.distributed as dist
 
 
 TEST_HOOK = "TEST_SIGTERM_AT_CHECK"
-_installed = None
 
 
 class Stopped(BaseException):
@@ -28,19 +27,10 @@ class Stopped(BaseException):
 
 
 def install(device, stop_request):
-    """Makes this process's StopSignal (gbrun.launch does, first thing in a
-    rank); gbrun.progress.Progress finds it with installed()."""
-    global _installed
-    _installed = StopSignal(device, stop_request)
-    return _installed
-
-
-def installed():
-    if _installed is None:
-        raise RuntimeError(
-            "no stop signal in this process: run() must be started by "
-            "gbrun.launch (launch_ranks, or the distributed trainer)")
-    return _installed
+    """Makes this process's StopSignal, which takes over its SIGTERM and
+    SIGINT (gbrun.launch does, first thing in a rank, and hands it on in
+    the plan: plan.stop)."""
+    return StopSignal(device, stop_request)
 
 
 class StopSignal:

@@ -41,7 +41,7 @@ def dataset_identity(name_or_dir):
     the example (made here: by its bytes, not its name) or a file (DGL
     partitions' config), or a GraphBolt builtin's name. A resume compares
     the content (the same bytes at another path are the same dataset) and
-    names the path (gbrun.checkpoint.check_key)."""
+    names the path (gbrun.run_state.check_key)."""
     directory = dataset_directory(name_or_dir)
     if directory is not None:
         files = fingerprint.fingerprint(directory, read_metadata(directory))

@@ -1,6 +1,8 @@
 """--precision bf16: bf16 feature storage (converted once, where the data is
 loaded), autocast where the device computes bf16, fp32 parameters, loss,
 metrics and model.pt; checkpoints record the precision."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -87,8 +89,8 @@ def _autocast_run(rank, dataset_dir, log_dir):
 
     nc.create_model = recorded_model
     nc.dist.init_process_group = lambda **kwargs: None  # the group exists
-    gbrun.stop.install(torch.device("cpu"), None)
-    nc.run(rank, plan, args, job)
+    stop = gbrun.stop.install(torch.device("cpu"), None)
+    nc.run(rank, dataclasses.replace(plan, stop=stop), args, job)
     records = [json.loads(line)
                for line in open(f"{log_dir}/{gbrun.records.METRICS_FILE}")]
     linears = {type(module) for module in models[0].modules()

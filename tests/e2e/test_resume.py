@@ -690,7 +690,7 @@ def test_resume_restores_optimizer_and_scheduler_as_saved():
     # its second epoch at the wrong rate).
     import node_classification as nc
     from gbrun.checkpoint import cpu_state
-    from gbrun.progress import restore
+    from gbrun.run_state import restore
 
     def states(lr):
         model = nc.SAGE(4, 8, 2)

@@ -306,8 +306,8 @@ def _host_reads_per_step(rank, dataset_dir):
     counted(torch.cuda, "synchronize")
     counted(torch.cuda.Event, "synchronize")
     nc.dist.init_process_group = lambda **kwargs: None  # the group exists
-    gbrun.stop.install(torch.device("cpu"), None)
-    nc.run(rank, plan, args, job)
+    stop = gbrun.stop.install(torch.device("cpu"), None)
+    nc.run(rank, dataclasses.replace(plan, stop=stop), args, job)
     return reads
 
 

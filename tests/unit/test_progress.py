@@ -114,7 +114,8 @@ def run_in_process(path, argv):
         os.path.dirname(os.path.abspath(path)), "store"))
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT,
                                                  signal.SIGTERM)}
-    stop.install(torch.device("cpu"), None)
+    plan = dataclasses.replace(plan, stop=stop.install(torch.device("cpu"),
+                                                      None))
     try:
         example.run(0, plan, args, job)
     except BaseException as error:
