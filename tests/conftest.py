@@ -145,7 +145,7 @@ def nothing_spawned(monkeypatch):
     monkeypatch.setattr(gbrun.launch.mp, "spawn", spawn)
 
 
-# --- Simulated machines (tests/e2e/test_distributed_trainer.py and
+# --- Simulated machines (tests/e2e/test_distributed_*.py and
 # test_tools_launch_failures.py): made once per test file.
 
 

@@ -373,7 +373,7 @@ def with_plan(args, world_size=1):
 
 
 # --- Simulated machines: distributed/launch_local.py, watched from outside --
-# (tests/e2e/test_distributed_trainer.py, test_tools_launch_failures.py;
+# (tests/e2e/test_distributed_*.py, test_tools_launch_failures.py;
 # their dataset and partitions are conftest.py's fixtures.)
 
 LAUNCHER = os.path.join(DISTRIBUTED, "launch_local.py")
@@ -396,6 +396,22 @@ JOB_TIMEOUT_S = 120
 # loaded machine lags behind the others (tests run two files at a time on
 # 2 cores; 5 s was passed there once).
 TRAINER_BOUND_S = 15
+
+
+# TRAIN_ARGS for this many epochs: both scripts get near their ceiling.
+EPOCHS = 6
+
+
+# The distributed trainer's epoch and test lines (any metric).
+TRAINER_EPOCH_LINE = re.compile(
+    r"^Epoch (\d{5}) \| Average Loss \d+\.\d{4} \| (\S+) (\d\.\d{4}) \| "
+    r"Time \d+\.\d{4} \| Train Time \d+\.\d{4} \| Seeds/s \d+\.\d \| "
+    r"Data Wait \d+\.\d{4}$",
+    re.MULTILINE,
+)
+
+
+TRAINER_TEST_LINE = re.compile(r"^Test (\S+) (\d\.\d{4})$", re.MULTILINE)
 
 
 def run_script(script, args, timeout=120):
@@ -597,3 +613,22 @@ def wait_for_output(log_dir, pattern, proc, timeout, stream="stdout.txt"):
             return
         time.sleep(0.2)
     pytest.fail(f"no line matching {pattern!r} within {timeout} s")
+
+
+def launch(part_config, trainer_args, log_dir, num_machines=2,
+           launcher_args=(), env=None):
+    """Runs a job to its end (bounded); returns finish_launcher's (code,
+    stdout, stderr)."""
+    proc = start_launcher(part_config, num_machines, trainer_args, log_dir,
+                          JOB_TIMEOUT_S, launcher_args, env)
+    return finish_launcher(proc, log_dir, JOB_TIMEOUT_S + 30)
+
+
+def run_in_process(monkeypatch, capsys, entry, argv):
+    """Calls a script's `entry` in this process as if run with `argv`
+    (the checks under test come before any heavy work); returns its exit
+    status and stderr lines."""
+    monkeypatch.setattr(sys, "argv", [str(arg) for arg in argv])
+    with pytest.raises(SystemExit) as exited:
+        entry()
+    return exited.value.code, capsys.readouterr().err.strip().splitlines()

@@ -329,7 +329,7 @@ def test_several_node_and_edge_types_learn_exactly_resume_and_predict(
         "has: feat)")
     # DGL's chunked-input pipeline route takes one node type: refused in
     # one line (partition_graph.py takes it: on two machines in
-    # test_distributed_trains_on_simulated_machines.py).
+    # test_distributed_edits.py).
     spec = importlib.util.spec_from_file_location(
         "chunk_dataset", os.path.join(DISTRIBUTED, "chunk_dataset.py"))
     chunk_dataset = importlib.util.module_from_spec(spec)

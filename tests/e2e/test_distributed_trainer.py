@@ -1,25 +1,25 @@
-"""distributed/dist_node_classification.py trained on simulated machines:
-partition_graph.py's partitions (2 parts of a 2,000-node synthetic dataset,
-METIS and random), then distributed/launch_local.py running 2 simulated
-machines (a network and a mount namespace each) on this host, training the
-example or an edited copy of it outside the checkout. The checks: the
-partitions hold the dataset; bad input is refused before anything starts;
-the example's edits and output lines reach the distributed run; SIGTERM to
-the launcher stops every trainer at one step with a checkpoint and --resume
-trains every seed of the stopped epoch exactly once; the options
-docs/distributed.md names (2 trainers and 2 servers per machine, sampler
-processes, random partitions, GraphBolt on the servers) train, within
-ACCURACY_MARGIN of node_classification.py; a killed server, signals and
---timeout end the job promptly; and nothing is left behind (processes,
-network namespaces, temporary files), checked by watching each run from
-outside (helpers.Watch) rather than through the marker the launcher sets on
-its processes. Runs that need namespaces are skipped without root and
+"""distributed/dist_node_classification.py trained on simulated machines,
+on partition_graph.py's METIS partitions (2 parts of a 2,000-node synthetic
+dataset, conftest.py's `partitions`, made once for this file), with
+distributed/launch_local.py running 2 simulated machines (a network and a
+mount namespace each) on this host, training the example or an edited copy
+of it outside the checkout. The checks: the partitions hold the dataset;
+bad input is refused before anything starts; the example's edits and
+output lines reach the distributed run; SIGTERM to the launcher stops every
+trainer at one step with a checkpoint and --resume trains every seed of
+the stopped epoch exactly once; a killed server, signals and --timeout end
+the job promptly; and nothing is left behind (processes, network
+namespaces, temporary files), checked by watching each run from outside
+(helpers.Watch) rather than through the marker the launcher sets on its
+processes. Runs that need namespaces are skipped without root and
 iproute2, except when CI=true, where a missing prerequisite fails the test
-instead (the failures of a job started as DGL's tools/launch.py starts one
-are test_tools_launch_failures.py's)."""
+instead. The options docs/distributed.md names (samplers, 2 servers a
+machine, random partitions, GraphBolt on the servers) are
+test_distributed_options.py's; docs/customising.md's other edits, each on
+partitions of its own, test_distributed_edits.py's; the failures of a job
+started as DGL's tools/launch.py starts one test_tools_launch_failures.py's."""
 import json
 import os
-import pathlib
 import re
 import signal
 import subprocess
@@ -30,59 +30,13 @@ import pytest
 import torch
 
 from helpers import (
-    DISTRIBUTED, JOB_TIMEOUT_S, LAUNCHER, NUM_CLASSES, REPO, SCRIPT,
-    TRAIN_ARGS, TRAINER_BOUND_S, edited_copy, missing_prerequisite, partition, run_script,
-    start_launcher, wait_for_output,
+    JOB_TIMEOUT_S, LAUNCHER, NUM_CLASSES, REPO, SCRIPT,
+    TRAIN_ARGS, edited_copy, launch, missing_prerequisite, run_in_process,
+    run_script, start_launcher, wait_for_output,
 )
+from helpers import TRAINER_EPOCH_LINE as EPOCH_LINE
+from helpers import TRAINER_TEST_LINE as TEST_LINE
 from helpers import finish_launcher as finish
-
-
-MAIN_SCRIPT = os.path.join(REPO, "node_classification.py")
-
-
-# TRAIN_ARGS (helpers.py) for this many epochs: both scripts get near
-# their ceiling.
-EPOCHS = 6
-
-
-# How far the distributed test accuracy may be from node_classification.py's
-# (measurements in test_accuracy_matches_single_machine_example).
-ACCURACY_MARGIN = 0.03
-
-
-EPOCH_LINE = re.compile(
-    r"^Epoch (\d{5}) \| Average Loss \d+\.\d{4} \| (\S+) (\d\.\d{4}) \| "
-    r"Time \d+\.\d{4} \| Train Time \d+\.\d{4} \| Seeds/s \d+\.\d \| "
-    r"Data Wait \d+\.\d{4}$",
-    re.MULTILINE,
-)
-
-
-TEST_LINE = re.compile(r"^Test (\S+) (\d\.\d{4})$", re.MULTILINE)
-
-
-def run_in_process(monkeypatch, capsys, entry, argv):
-    """Calls a script's `entry` in this process as if run with `argv`
-    (the checks under test come before any heavy work); returns its exit
-    status and stderr lines."""
-    monkeypatch.setattr(sys, "argv", [str(arg) for arg in argv])
-    with pytest.raises(SystemExit) as exited:
-        entry()
-    return exited.value.code, capsys.readouterr().err.strip().splitlines()
-
-
-@pytest.fixture(scope="module")
-def random_partitions(dataset, tmp_path_factory):
-    """The same dataset in 2 random partitions (both formats)."""
-    return partition(dataset, tmp_path_factory.mktemp("random") / "parts",
-                     "--part-method", "random", "--use-graphbolt")
-
-
-def launch(part_config, trainer_args, log_dir, num_machines=2,
-           launcher_args=(), env=None):
-    proc = start_launcher(part_config, num_machines, trainer_args, log_dir,
-                          JOB_TIMEOUT_S, launcher_args, env)
-    return finish(proc, log_dir, JOB_TIMEOUT_S + 30)
 
 
 def wait_for_job_processes(proc, num_machines, timeout):
@@ -134,7 +88,6 @@ def dataset_ids(dataset, split):
     item_set = {"train": task.train_set, "val": task.validation_set,
                 "test": task.test_set}[split]
     return item_set[:][0].long().sort().values
-
 
 # --- Partitioning --------------------------------------------------------------
 
@@ -551,324 +504,6 @@ def test_a_resumed_epoch_trains_every_seed_once(namespaces,
                           for r in range(4)])
         assert torch.equal(original_ids(partitions["out"], seen),
                            dataset_ids(partitions["dataset"], split))
-
-
-# --- The options docs/distributed.md names ----------------------------------------
-
-
-@pytest.fixture(scope="module")
-def options_run(random_partitions, tmp_path_factory):
-    """The example as it is on random partitions, 2 machines with 2 graph
-    servers each, one sampler process per trainer and GraphBolt sampling
-    on the servers, started as DGL's tools/launch.py starts them, machine
-    1's servers 20 s late; side by side, node_classification.py on the
-    same data and arguments (most of either run is start-up)."""
-    if missing_prerequisite() is not None:
-        return None
-    log_dir = tmp_path_factory.mktemp("options")
-    single = subprocess.Popen(
-        [sys.executable, MAIN_SCRIPT, "--gpu=0,1", "--mode", "cpu-cpu",
-         "--epochs", str(EPOCHS), "--dataset", random_partitions["dataset"],
-         *map(str, TRAIN_ARGS)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        code, out, err = launch(
-            random_partitions["part_config"],
-            [*TRAIN_ARGS, "--epochs", EPOCHS, "--num-workers", 1,
-             "--use-graphbolt", "--predict", log_dir / "predictions.npy",
-             "--connect-timeout", TRAINER_BOUND_S,
-             "--progress-timeout", TRAINER_BOUND_S],
-            log_dir, launcher_args=["--servers-per-machine", 2,
-                                    "--as-tools-launch"],
-            # A slow but healthy start: machine 1's servers serve their
-            # partition 20 s late, past the trainers' bounds.
-            env={"TEST_DELAY_SERVERS": f"2,3:{TRAINER_BOUND_S + 5}"})
-        single_out, single_err = single.communicate(timeout=JOB_TIMEOUT_S)
-    finally:
-        single.kill()
-        single.wait()
-    return {"code": code, "stdout": out, "stderr": err,
-            "single": (single.returncode, single_out, single_err),
-            "predictions": log_dir / "predictions.npy",
-            "dataset": random_partitions["dataset"]}
-
-
-def servers_say_graphbolt(stderr, num_machines=2, servers=2):
-    """What each server's dgl.distributed.initialize printed about GraphBolt.
-
-    A server given use_graphbolt=True loads its partition's
-    fused_csc_sampling_graph.pt, shares it with its machine's trainers and
-    tells them to sample with GraphBolt (DGL 2.1: DistGraphServer,
-    QueryIfUseGraphBoltRequest); one given False loads graph.dgl.
-    """
-    return {(machine, server): re.findall(
-        rf"^\[machine {machine} server {server}\] Initialize the distributed "
-        r"services with graphbolt: (True|False)$", stderr, re.MULTILINE)
-        for machine in range(num_machines) for server in range(servers)}
-
-
-@pytest.mark.slow
-def test_samplers_two_servers_random_partitions_and_graphbolt_train(
-        namespaces, options_run):
-    assert options_run["code"] == 0, options_run["stderr"][-3000:]
-    out = options_run["stdout"]
-    assert "Training with 2 trainers." in out
-    assert [int(e[0]) for e in EPOCH_LINE.findall(out)] == list(range(EPOCHS))
-    assert float(TEST_LINE.search(out).group(2)) > 2.5 / NUM_CLASSES
-    # --use-graphbolt reached every server of both machines.
-    assert set(map(tuple, servers_say_graphbolt(options_run["stderr"]).values())
-               ) == {("True",)}, options_run["stderr"][-3000:]
-    # Each trainer's sampler process is a client of its own: 4 left.
-    assert len(re.findall(r"Client\[\d\] in group\[0\] is exiting\.\.\.",
-                          out + options_run["stderr"])) == 4
-
-
-@pytest.mark.slow
-def test_accuracy_matches_single_machine_example(namespaces, options_run):
-    code, single, errors = options_run["single"]
-    assert code == 0, errors[-3000:]
-    # Both runs take --seed 0. node_classification.py repeats itself under
-    # a seed; the distributed job samples neighbors on the servers and in
-    # the trainers with random generators the seed does not reach.
-    expected = float(TEST_LINE.search(single).group(2))
-    got = float(TEST_LINE.search(options_run["stdout"]).group(2))
-    assert abs(got - expected) <= ACCURACY_MARGIN, (got, expected)
-
-
-@pytest.mark.slow
-def test_predictions_of_every_node_in_the_datasets_ids(namespaces,
-                                                       options_run):
-    """--predict on random partitions (node ids thoroughly renumbered): the
-    file has a class for every node of the dataset, and its test nodes
-    score what the printed test metric says."""
-    import numpy as np
-
-    assert options_run["code"] == 0, options_run["stderr"][-3000:]
-    predictions = np.load(options_run["predictions"])
-    task = gb_dataset(options_run["dataset"]).tasks[0]
-    ids, labels = (t.numpy() for t in task.test_set[:])
-    assert predictions.dtype == np.int64
-    assert predictions.shape == (gb_dataset(options_run["dataset"]).graph
-                                 .total_num_nodes,)
-    printed = float(TEST_LINE.search(options_run["stdout"]).group(2))
-    assert float((predictions[ids] == labels).mean()) == pytest.approx(
-        printed, abs=0.03)
-
-
-def gb_dataset(path):
-    import gbrun.data.datasets
-
-    return gbrun.data.datasets.load_dataset(path)
-
-
-# --- docs/customising.md's other edits, each on partitions of its own ----------
-
-
-def rename_keys(dataset):
-    """`dataset` (in place) as docs/customising.md's keys edit describes
-    it: the input feature "x", the labels the node feature "y", item sets
-    of seed nodes only."""
-    import yaml
-
-    path = os.path.join(dataset, "metadata.yaml")
-    with open(path) as f:
-        metadata = yaml.safe_load(f)
-    for feature in metadata["feature_data"]:
-        feature["name"] = {"feat": "x", "label": "y"}[feature["name"]]
-    for split in ("train_set", "validation_set", "test_set"):
-        data = metadata["tasks"][0][split][0]["data"]
-        data[:] = [d for d in data if d["name"] == "seed_nodes"]
-    with open(path, "w") as f:
-        yaml.safe_dump(metadata, f)
-
-
-@pytest.mark.slow
-def test_multi_label_second_feature_and_best_model_train_on_two_machines(
-        namespaces, multi_label_dataset, tmp_path):
-    """docs/customising.md's multi-label, second-feature and keep-the-best
-    edits in one copy, on partitions of the multi-hot dataset with its
-    "degree" feature, 2 machines x 2 trainers."""
-    example = edited_copy(tmp_path, "multi_label", "two_features",
-                          "best_model")
-    parts = run_script(os.path.join(DISTRIBUTED, "partition_graph.py"),
-                       ["--dataset", multi_label_dataset, "--num-parts", 2,
-                        "--out", tmp_path / "parts", "--example", example])
-    assert parts.returncode == 0, parts.stdout + parts.stderr
-    (tmp_path / "logs").mkdir()
-    ckpt = tmp_path / "ckpt"
-    code, out, err = launch(
-        str(tmp_path / "parts" / "multi_label.json"),
-        [*TRAIN_ARGS, "--epochs", EPOCHS, "--example", example,
-         "--checkpoint-dir", ckpt,
-         "--log-dir", tmp_path / "metrics"],
-        tmp_path / "logs", launcher_args=["--trainers-per-machine", 2])
-    assert code == 0, err[-3000:]
-    assert "Training with 4 trainers." in out
-    epochs = EPOCH_LINE.findall(out)
-    assert [e[1] for e in epochs] == ["Micro-F1"] * EPOCHS, out
-    # It learns: every node has its main class, a fifth of the others too;
-    # features and edges carry the main class.
-    assert float(TEST_LINE.search(out).group(2)) > 0.6, out
-    # The best validation Micro-F1, kept by trainer 0 with its model.
-    kept = torch.load(ckpt / "checkpoint.pt", weights_only=True)["kept"]
-    assert kept["best"] == pytest.approx(max(float(e[2]) for e in epochs),
-                                         abs=5e-5)
-    best = torch.load(ckpt / "best.pt", weights_only=True)
-    # The model reads both features: 5 columns of "feat", 1 of "degree".
-    assert best["layers.0.fc_neigh.weight"].shape[1] == 6
-
-
-@pytest.mark.slow
-def test_node_regression_trains_on_two_machines(namespaces, dataset,
-                                                tmp_path):
-    # docs/customising.md's regression edit, on the 2,000-node graph with
-    # each node's class as the float to regress (its features carry it).
-    if missing_prerequisite() is not None:
-        pytest.skip(missing_prerequisite())
-    import numpy as np
-
-    from gbrun.data import ondisk
-
-    read = lambda name: np.load(os.path.join(dataset, name))  # noqa: E731
-    target = read("node_label.npy").astype(np.float32)
-    values = str(tmp_path / "values")
-    ondisk.write_ondisk_dataset(
-        values, read("edges.npy"), read("node_feat.npy"), target,
-        read("train_seed_nodes.npy"), read("valid_seed_nodes.npy"),
-        read("test_seed_nodes.npy"), kind="value")
-    # With the keys edit too: its input feature is "x", its targets the
-    # node feature "y", its item sets seed nodes only.
-    rename_keys(values)
-    example = edited_copy(tmp_path, "regression", "keys")
-    parts = run_script(os.path.join(DISTRIBUTED, "partition_graph.py"),
-                       ["--dataset", values, "--num-parts", 2, "--out",
-                        tmp_path / "parts", "--example", example])
-    assert parts.returncode == 0, parts.stdout + parts.stderr
-    (tmp_path / "logs").mkdir()
-    code, out, err = launch(
-        str(tmp_path / "parts" / "values.json"),
-        [*TRAIN_ARGS, "--epochs", EPOCHS, "--example", example],
-        tmp_path / "logs")
-    assert code == 0, err[-3000:]
-    assert [e[1] for e in EPOCH_LINE.findall(out)] == ["MAE"] * EPOCHS, out
-    mae = float(TEST_LINE.search(out).group(2))
-    test = target[read("test_seed_nodes.npy")]
-    baseline = float(np.abs(test - test.mean()).mean())
-    # It learns: node_classification.py with these arguments reaches test
-    # MAE 0.42-0.45 (seeds 0-2), where predicting the mean scores 0.97.
-    assert mae < 0.65 * baseline, (mae, baseline)
-
-
-@pytest.mark.slow
-def test_several_node_types_train_and_predict_on_two_machines(
-        namespaces, hetero_dataset, tmp_path, capsys, monkeypatch):
-    """docs/customising.md's edit for several node types, on partitions of
-    the synthetic users and items, 2 machines x 2 trainers, bf16: it
-    learns, and --predict writes every user's class in the dataset's ids
-    (scoring the printed test accuracy)."""
-    import numpy as np
-
-    import gbrun.data.datasets
-    from helpers import HETERO_FLOOR
-
-    example = edited_copy(tmp_path, "hetero")
-    parts = run_script(os.path.join(DISTRIBUTED, "partition_graph.py"),
-                       ["--dataset", hetero_dataset, "--num-parts", 2,
-                        "--out", tmp_path / "parts", "--example", example,
-                        "--balance-train", "--balance-edges"])
-    assert parts.returncode == 0, parts.stdout + parts.stderr
-    part_config = str(tmp_path / "parts" / "hetero.json")
-    # Each partition holds its own nodes' features, per type, in the
-    # partitions' order (node_map: a type's ranges, its ids end to end).
-    import dgl
-
-    dataset = gbrun.data.datasets.load_dataset(hetero_dataset)
-    with open(part_config) as f:
-        config = json.load(f)
-    orig_nids = torch.load(tmp_path / "parts" / "orig_nids.pt")
-    for ntype in ("user", "item"):
-        feat = dataset.feature.read(*gbrun.data.datasets.node_key("feat", ntype))
-        first = 0
-        for part, (start, end) in enumerate(config["node_map"][ntype]):
-            data = dgl.data.utils.load_tensors(os.path.join(
-                tmp_path / "parts", config[f"part-{part}"]["node_feats"]))
-            ids = orig_nids[ntype][first:first + end - start]
-            assert torch.equal(data[f"{ntype}/feat"], feat[ids]), ntype
-            first += end - start
-        assert first == len(feat)
-    # What a model with a learned vector per node reads of them (the edit
-    # for a node type without features).
-    from gbrun.dgl_engine.partitions import Partitions
-
-    with open(tmp_path / "parts" / "dataset_info.json") as f:
-        info = json.load(f)
-    assert (info["target"], info["features"]) == (
-        "user", {"user": {"feat": 16}, "item": {"feat": 8}})
-    partitions = Partitions("hetero", part_config, node_types=info)
-    assert gbrun.sources.num_nodes(partitions) == {"user": 3000, "item": 1500}
-    assert gbrun.sources.edge_types(partitions) == gbrun.sources.edge_types(
-        dataset)
-
-    (tmp_path / "logs").mkdir()
-    code, out, err = launch(
-        part_config,
-        ["--example", example, "--batch-size", 64, "--fanout", "-1,-1,-1",
-         "--epochs", 2, "--seed", 1, "--precision", "bf16",
-         "--predict", tmp_path / "p.npy"],
-        tmp_path / "logs", launcher_args=["--trainers-per-machine", 2])
-    assert code == 0, err[-3000:]
-    assert "Training with 4 trainers." in out
-    assert [e[1] for e in EPOCH_LINE.findall(out)] == ["Accuracy"] * 2, out
-    accuracy = float(TEST_LINE.search(out).group(2))
-    assert accuracy > HETERO_FLOOR, out
-    predicted = np.load(tmp_path / "p.npy")
-    assert predicted.dtype == np.int64 and predicted.shape == (3000,)
-    test = dataset.tasks[0].test_set
-    users, labels = test[0:len(test)]["user"]
-    assert round(float((predicted[users] == labels.numpy()).mean()), 4) == (
-        accuracy)
-
-    # The unchanged example is refused on these partitions, in one line.
-    import dist_node_classification as trainer
-
-    ip_config = tmp_path / "ip2.txt"
-    ip_config.write_text("10.0.0.1\n10.0.0.2\n")
-    code, lines = run_in_process(
-        monkeypatch, capsys,
-        lambda: trainer.main(["--part-config", part_config, "--ip-config",
-                              str(ip_config)]), ["x"])
-    assert code == 2 and len(lines) == 1, lines
-    assert lines[0].endswith(
-        "the partitions hold a graph of several node types, but the "
-        "example's FEATURE_KEYS ['feat'] name none: partition again with "
-        "partition_graph.py --example and this example"), lines
-    # So is a copy whose TARGET is not the type with the labels.
-    other_target = tmp_path / "item_target.py"
-    other_target.write_text(pathlib.Path(example).read_text().replace(
-        'TARGET = "user"', 'TARGET = "item"'))
-    code, lines = run_in_process(
-        monkeypatch, capsys,
-        lambda: trainer.main(["--example", str(other_target), "--part-config",
-                              part_config, "--ip-config", str(ip_config)]),
-        ["x"])
-    assert code == 2 and len(lines) == 1, lines
-    assert lines[0].endswith(
-        "the partitions hold the labels of node type 'user', but the "
-        "example's TARGET is 'item': partition again with partition_graph.py "
-        "--example and this example"), lines
-    # And one that leaves a node type out.
-    users_only = tmp_path / "users_only.py"
-    users_only.write_text(pathlib.Path(example).read_text().replace(
-        'FEATURE_KEYS = {"user": ["feat"], "item": ["feat"]}',
-        'FEATURE_KEYS = {"user": ["feat"]}'))
-    code, lines = run_in_process(
-        monkeypatch, capsys,
-        lambda: trainer.main(["--example", str(users_only), "--part-config",
-                              part_config, "--ip-config", str(ip_config)]),
-        ["x"])
-    assert code == 2 and len(lines) == 1, lines
-    assert "the partitions hold the features ['item', 'user'], labels " \
-        "'label' (class); the example reads {'user': ['feat']}" in lines[0]
 
 
 # --- Failures end the job, promptly and cleanly ---------------------------------

@@ -24,7 +24,7 @@ What runs, and what is compared:
 - A bash block runs with `bash -e -o pipefail`; commands it starts in the
   background (`... &`) are waited for, and a failed one fails the block.
   Commands run with `sudo` need root, iproute2 and util-linux, as
-  tests/test_distributed_trains_on_simulated_machines.py does: skipped without them, failed under
+  tests/e2e/test_distributed_trainer.py does: skipped without them, failed under
   CI=true. As root, `sudo` runs the command with this environment.
 - Expected output: comment lines in a bash block that show what a command
   prints (OUTPUT_COMMENT: `# wrote ...`, `# Test Accuracy ...`), and a block
