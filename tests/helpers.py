@@ -5,6 +5,7 @@ for in-process checks, docs/customising.md's diffs applied to a copy, and
 distributed/launch_local.py's simulated machines, each run watched from
 outside. Everything runs on CPU ranks with the gloo backend."""
 import dataclasses
+import glob
 import os
 import re
 import select
@@ -370,6 +371,17 @@ def cpu_plan(args, world_size=1):
 def with_plan(args, world_size=1):
     """(args, cpu_plan(args, world_size)): what the example's load_job takes."""
     return args, cpu_plan(args, world_size)
+
+
+# --- The docs (tests/e2e/test_docs.py, test_doc_references.py) -------------
+
+# README first, then docs/ in name order.
+DOCS = ["README.md"] + sorted(
+    os.path.relpath(path, REPO)
+    for path in glob.glob(os.path.join(REPO, "docs", "*.md"))
+)
+# A fence's opening line, with its language.
+FENCE = re.compile(r"^```(\S*)\s*$")
 
 
 # --- Simulated machines: distributed/launch_local.py, watched from outside --
