@@ -2,7 +2,8 @@
 sees the GPUs, PyPI's dgl is a CPU-only build. Reproduced without a GPU by
 tests/fake_cuda (torch reports 2 GPUs in every process), plus the CUDA-only
 decisions that no CPU run reaches: cache sizes per GraphBolt API shape and a
-rank that fails before training starts."""
+rank that fails before training starts; scripts/check_gpu.py skips cleanly
+there and where torch sees no CUDA."""
 import inspect
 import os
 import subprocess
@@ -21,8 +22,10 @@ from gbrun import planning
 import node_classification as nc
 from helpers import (
     FAKE_CUDA,
+    NO_GPU,
     REFERENCE,
     REPO,
+    SCRIPTS,
     epoch_lines,
     run_example,
     run_gloo_group,
@@ -217,3 +220,22 @@ def test_every_feature_the_model_reads_is_cached_and_stored_in_bf16(
     assert [store.read("node", None, k).dtype for k in ("feat", "degree",
                                                         "label")] == [
         torch.bfloat16, torch.bfloat16, torch.float32]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("machine", ["no CUDA", "CUDA torch, CPU-only DGL"])
+def test_check_gpu_skips_cleanly_where_dgl_has_no_cuda(machine):
+    if machine != "no CUDA" and planning.dgl_has_cuda():
+        pytest.skip("DGL here is a CUDA build: the checks would run")
+    env = dict(NO_GPU)
+    if machine != "no CUDA":
+        env = {"PYTHONPATH": os.pathsep.join(
+            filter(None, [FAKE_CUDA, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [sys.executable, os.path.join(SCRIPTS, "check_gpu.py")],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+        env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr[-2000:]
+    reason = ("torch sees no CUDA device" if machine == "no CUDA"
+              else "this DGL is a CPU-only build")
+    assert done.stdout.startswith(f"skipped: {reason}"), done.stdout

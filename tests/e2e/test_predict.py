@@ -1,14 +1,21 @@
 """--predict: every node's prediction, layer by layer over full
 neighbourhoods, in the dataset's node ids; the same file from 2 ranks and
-from a 1-rank --resume of the finished checkpoint, which does not train."""
+from a 1-rank --resume of the finished checkpoint, which does not train;
+the files of a GPU rank (tagged cuda:0) load and predict without CUDA, as
+docs/running.md loads them."""
+import os
+import re
 import shutil
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import NO_GPU, REFERENCE, reported_test_accuracy, run_example
+import gbrun.checkpoint
+from helpers import NO_GPU, REFERENCE, REPO, reported_test_accuracy, run_example
 
 
 def items_of_test_set(dataset_dir):
@@ -193,3 +200,62 @@ def test_predictions_of_another_kind_than_labels_are_refused(tmp_path):
             "layer output node types user, item")):
         every_node.save(torch.arange(5), str(tmp_path / "i.npy"), "class",
                         "shop")
+
+
+def docs_prediction_snippet(dataset, model_dir):
+    """docs/running.md's load-and-predict snippet, on `dataset` and the
+    model.pt and model.json in `model_dir`."""
+    doc = open(os.path.join(REPO, "docs", "running.md")).read()
+    blocks = [block.split("```")[0] for block in doc.split("```python\n")[1:]]
+    (snippet,) = [block for block in blocks if "load_model" in block]
+    assert 'load_dataset("synthetic")' in snippet and '"runs/a"' in snippet, snippet
+    return snippet.replace('load_dataset("synthetic")', f"load_dataset({str(dataset)!r})"
+                           ).replace('"runs/a"', repr(str(model_dir)))
+
+
+@pytest.mark.slow
+def test_files_saved_by_gpu_ranks_load_without_cuda(
+        reference_run, small_dataset, tmp_path, monkeypatch):
+    # Files whose tensors are tagged cuda:0, as torch.save writes them from
+    # a GPU rank, loaded the ways the project loads files, with no GPU.
+    trained, out = reference_run
+    model = torch.load(out / "ckpt" / gbrun.checkpoint.MODEL_FILE, weights_only=True)
+    checkpoint = torch.load(out / "ckpt" / gbrun.checkpoint.CHECKPOINT_FILE,
+                            weights_only=True)
+    monkeypatch.setattr(torch.serialization, "location_tag",
+                        lambda storage: "cuda:0")
+    (tmp_path / "ckpt").mkdir()
+    model_file = str(tmp_path / "ckpt" / gbrun.checkpoint.MODEL_FILE)
+    gbrun.checkpoint.save_atomically(model, model_file)
+    gbrun.checkpoint.save_atomically(
+        checkpoint, str(tmp_path / "ckpt" / gbrun.checkpoint.CHECKPOINT_FILE))
+    monkeypatch.undo()
+
+    def python(code, *argv):
+        return subprocess.run(
+            [sys.executable, "-c", code, *argv], capture_output=True,
+            text=True, timeout=120, cwd=REPO, env={**os.environ, **NO_GPU})
+
+    # The tag is honoured: without map_location the file does not load.
+    plain = python("import sys, torch; "
+                   "torch.load(sys.argv[1], weights_only=True)", model_file)
+    assert "CUDA" in plain.stderr and plain.returncode == 1, plain.stderr
+    # The docs' snippet loads it and predicts as well as the trained model
+    # scored (chance is 0.1).
+    shutil.copy(out / "ckpt" / gbrun.checkpoint.MODEL_CONFIG_FILE,
+                tmp_path / "ckpt")
+    predicted = python(docs_prediction_snippet(small_dataset, tmp_path / "ckpt"))
+    assert predicted.returncode == 0, predicted.stderr[-2000:]
+    found = re.search(r"predicted (\d+) nodes; test accuracy (\d\.\d+)",
+                      predicted.stdout)
+    assert found and int(found[1]) == 3000, predicted.stdout
+    assert abs(float(found[2]) - reported_test_accuracy(trained.stdout)) < 0.1
+    # scripts/check_gpu.py's check loads it on the CPU too.
+    import check_gpu
+
+    checked = python(check_gpu.LOAD_ON_CPU, model_file)
+    assert checked.returncode == 0, checked.stderr[-2000:]
+    # --resume loads such a checkpoint on the CPU.
+    loaded = gbrun.checkpoint.load_checkpoint(str(tmp_path / "ckpt"),
+                                              checkpoint["config"])
+    assert loaded["epoch"] == checkpoint["epoch"]

@@ -2,17 +2,21 @@
 installed DGL: if a release renames them, these fail, loudly, instead of a
 run that silently shuffles unseeded or draws a wrong progress bar. The
 counts on a real 4-rank DistributedItemSampler are checked in
-unit/test_metrics.py."""
+unit/test_metrics.py. Also: a cpu-cuda rank's loader starts no CUDA work
+in the loader's thread (CPU storage asks for no overlapped fetch)."""
 import types
 
 import numpy as np
 import pytest
 import torch
 
+import gbrun.graphbolt
+import node_classification as nc
 from gbrun.batches import derived_seed
 from gbrun.graphbolt import (
     batches_per_rank, exclude_seed_edges, gb, scored_pairs, seed_item_sampler,
 )
+from helpers import run_gloo_group
 
 
 def order(sampler):
@@ -139,3 +143,48 @@ def test_exclude_seed_edges_gives_graphbolts_subgraphs(reverses):
             dropped += (before.sampled_csc.indices.numel()
                         - mine.sampled_csc.indices.numel())
     assert dropped > 100  # pairs and reverses were there to drop
+
+
+def _loader_cuda_calls(rank, dataset_dir):
+    """CUDA calls made while building each GPU mode's loader, torch
+    claiming a GPU (the CUDA entry points are recorders)."""
+    import threading
+
+    import dgl.graphbolt as gb
+
+    calls = []
+
+    def recorder(name):
+        def record(*args, **kwargs):
+            calls.append((name, threading.current_thread().name))
+            raise RuntimeError(f"torch.cuda.{name} called")
+        return record
+
+    torch.cuda.is_available = lambda: True
+    for name in ("Stream", "current_stream", "Event", "set_device",
+                 "stream"):
+        setattr(torch.cuda, name, recorder(name))
+    dataset = gb.OnDiskDataset(dataset_dir).load()
+    args = nc.parse_args(["--batch-size", "64", "--fanout", "5,5,5"])
+    options = {}
+    for storage in ("cpu", "pinned", "cuda"):
+        device = torch.device("cuda:1")
+        options[storage] = gbrun.graphbolt.graphbolt_options(device, storage)
+    nc.create_dataloader(dataset.graph, dataset.feature,
+                         dataset.tasks[0].train_set, torch.device("cuda:1"),
+                         "cpu", True, args, [5, 5, 5])
+    return calls, options
+
+
+@pytest.mark.slow
+def test_cpu_cuda_ranks_start_no_cuda_work_in_the_loader(
+        small_dataset, tmp_path):
+    # dgl 2.1.0 overlaps the feature fetch on a CUDA stream in the loader's
+    # prefetch thread, whose device is never set: GPU 0 in every rank. With
+    # CPU storage nothing is gained, so cpu-cuda ranks do not ask for it.
+    [(calls, options)] = run_gloo_group(
+        _loader_cuda_calls, 1, tmp_path, small_dataset)
+    assert calls == []
+    overlap = {storage: options[storage]["DataLoader"]["overlap_feature_fetch"]
+               for storage in options}
+    assert overlap == {"cpu": False, "pinned": True, "cuda": True}

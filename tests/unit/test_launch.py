@@ -1,10 +1,21 @@
-"""gbrun/launch.py, in-process: what a killed launch left behind is
-removed by the next one."""
+"""gbrun/launch.py: what a killed launch left behind is removed by the
+next one; torchrun ranks outwait a first load longer than the process
+group's timeout."""
+import dataclasses
+import datetime
 import os
 import subprocess
 import sys
+import time
+import types
 
-from gbrun import launch
+import pytest
+import torch
+import torch.distributed as dist
+
+import gbrun.sources
+from gbrun import launch, planning
+import node_classification as nc
 
 
 def test_a_later_launch_removes_the_rendezvous_a_killed_one_left(tmp_path):
@@ -25,3 +36,50 @@ def test_a_later_launch_removes_the_rendezvous_a_killed_one_left(tmp_path):
     launch.reclaim_rendezvous(str(tmp_path))
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
         [running.name, others.name, link.name])
+
+
+def _slow_first_load(rank, out_dir):
+    """A torchrun rank whose process group gives up after 1 s, while rank 0
+    takes 3 s to load the dataset (a first download, say)."""
+    import time
+
+    import torch.multiprocessing as mp
+
+    mp.set_sharing_strategy("file_system")
+    env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
+    args = nc.parse_args([])
+    plan = planning.plan_run(args, args.gpu, args.num_workers, env, planning.Machine(False, False, 0, 2))
+    plan = dataclasses.replace(
+        plan, load_timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank,
+        world_size=2, timeout=datetime.timedelta(seconds=1))
+    try:
+        def load_job(args, world_size):
+            time.sleep(3)
+            return types.SimpleNamespace(dataset=None,
+                                         feature=torch.arange(4.0))
+
+        # A job without a dataset, whose /dev/shm needs could be checked.
+        gbrun.sources.GraphBoltSource.check_shared_memory = lambda self: None
+        job = launch.load_job_in_turn(rank, plan, load_job, args)
+        return job.feature.tolist()
+    finally:
+        launch.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_outwait_a_slow_first_load(tmp_path):
+    import torch.multiprocessing as mp
+
+    # The wait for rank 0's load runs over gloo with plan.load_timeout, not
+    # with the process group's (NCCL's 10 minutes; 1 s here).
+    context = mp.spawn(_slow_first_load, args=(str(tmp_path),), nprocs=2,
+                       join=False)
+    deadline = time.monotonic() + 120
+    try:
+        while not context.join(timeout=max(1, deadline - time.monotonic())):
+            assert time.monotonic() < deadline, "the ranks did not finish"
+    finally:
+        for process in context.processes:
+            process.kill()
