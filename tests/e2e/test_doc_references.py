@@ -1,8 +1,9 @@
 """What README.md and docs/*.md point at exists, checked in-process: every
 relative link and #anchor resolves (GitHub's anchor rules), upstream's
 example is linked at the release compared, README's Options table is the
-example's --help, and docs/testing.md's map names every test file. (The
-docs' blocks run as written: test_docs.py.)"""
+example's --help, docs/testing.md's map names every test file, and every
+module of gbrun/ has its own test file or is in the map's table of
+modules. (The docs' blocks run as written: test_docs.py.)"""
 import glob
 import os
 import re
@@ -92,3 +93,33 @@ def test_the_tests_map_sends_every_promise_to_a_file_that_exists():
     files = sorted(os.path.relpath(path, tests) for path in glob.glob(
         os.path.join(tests, "**", "test_*.py"), recursive=True))
     assert sorted(set(named)) == files
+
+
+def test_every_module_has_its_test_file_or_is_in_the_map():
+    # A module of gbrun/ has tests/unit/<its folder>/test_<its name>.py, or
+    # docs/testing.md's table of modules names it with files that exist.
+    text = open(os.path.join(REPO, "docs", "testing.md")).read()
+    section = text.split("## Where each promise is checked")[1]
+    table = section.split("| module | tested in |")[1].split("\n\n")[0]
+    mapped = {}
+    for row in table.splitlines()[2:]:
+        module, files = row.split(" | ", 1)
+        mapped[module.strip("| `")] = re.findall(
+            r"`((?:unit|e2e)/(?:\w+/)*test_\w+\.py)`", files)
+    tests = os.path.join(REPO, "tests")
+    package = os.path.join(REPO, "gbrun")
+    untested = []
+    for path in sorted(glob.glob(os.path.join(package, "**", "*.py"),
+                                 recursive=True)):
+        module = os.path.relpath(path, package)
+        folder, name = os.path.split(module)
+        if name == "__init__.py":
+            continue
+        own = os.path.join(tests, "unit", folder, f"test_{name}")
+        named = mapped.pop(module, [])
+        if not os.path.exists(own) and not named:
+            untested.append(module)
+        for file in named:
+            assert os.path.exists(os.path.join(tests, file)), (module, file)
+    assert untested == [], f"modules neither mirrored nor in the map: {untested}"
+    assert mapped == {}, f"the map names modules gbrun does not have: {mapped}"
