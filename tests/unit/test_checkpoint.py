@@ -1,8 +1,8 @@
 """gbrun.checkpoint: one job per checkpoint directory, files written so that
 a crash, a full disk or a planted symlink never costs the previous one, a
 file that is no checkpoint named as such, and model.pt loaded only into
-the model that trained it. (Resume keys and exact resumes:
-tests/e2e/test_resume.py.)"""
+the model that trained it. (Resume keys: tests/e2e/test_resume_refusals.py;
+exact resumes: tests/e2e/test_resume.py.)"""
 import os
 import shutil
 import subprocess
