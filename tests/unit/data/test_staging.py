@@ -146,7 +146,9 @@ def test_a_dataset_on_a_read_only_mount_trains_data_from_the_cache(
         (dataset / "metadata.yaml").write_text(
             metadata.replace("in_memory: true", "in_memory: false"))
     load = ("import gbrun.data.datasets as d; "
-            f"print(len(d.load_dataset({str(dataset)!r}).tasks[0].train_set))")
+            f"data = d.load_dataset({str(dataset)!r}); "
+            "print(len(data.feature.read('node', None, 'feat'))); "
+            "print(len(data.tasks[0].train_set))")
     done = subprocess.run(
         ["unshare", "-m", "sh", "-c",
          f"mount --bind -o ro {dataset} {dataset} && "
@@ -154,7 +156,8 @@ def test_a_dataset_on_a_read_only_mount_trains_data_from_the_cache(
          f"exec {sys.executable} -c \"$0\"", load],
         capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1] == "120", done.stdout
+    assert done.stdout.splitlines()[-2:] == [str(NUM_NODES), "120"], (
+        done.stdout)
     assert "writable" not in done.stdout
     assert "preprocessed" not in os.listdir(dataset)
     assert len(staged_dirs(cache)) == 1
