@@ -26,6 +26,8 @@ The rank runtime, which the example's run() and loop reach:
     checkpoint  where a run starts (start_or_resume), the resume key's
                 parts, model.pt and model.json
     records     metrics.jsonl
+    outputs     the files a job writes, opened by descriptor and never
+                through a link or over another's file, and saved atomically
     sources     the two kinds of data a run trains from (a GraphBolt
                 dataset, DGL's partitions) and what each provides
     placement   where --mode puts GraphBolt's graph and features
