@@ -182,33 +182,39 @@ def test_a_stopped_link_run_resumes_exactly(link_runs):
         TEST_LINE.findall(reference.stdout))
 
 
-def _link_metrics(rank, shares):
-    """The example's metrics of 60 pairs' scores, rank r scoring the pairs
-    of shares[r]: its values on every rank, and one process's."""
+def _link_metrics(rank, splits):
+    """The example's metrics of 60 pairs' scores, for each split of
+    `splits` (rank r scoring the pairs of split[r]): its values on every
+    rank, and one process's."""
     import gbrun.metrics
 
     module = load_link_example()
     torch.manual_seed(0)
     # Rounded scores: ties, which count half.
     positive, negatives = torch.randn(60).round(), torch.randn(60, 8).round()
-    metric = gbrun.metrics.across_ranks(module.create_metric(8),
-                                        torch.device("cpu"))
-    share = slice(*shares[rank])
-    if shares[rank][1] > shares[rank][0]:
-        metric.update(positive[share], negatives[share])
+    found = []
+    for shares in splits:
+        metric = gbrun.metrics.across_ranks(module.create_metric(8),
+                                            torch.device("cpu"))
+        share = slice(*shares[rank])
+        if shares[rank][1] > shares[rank][0]:
+            metric.update(positive[share], negatives[share])
+        found.append({k: v.item() for k, v in metric.compute().items()})
     alone = module.create_metric(8)
     alone.update(positive, negatives)
-    return ({k: v.item() for k, v in metric.compute().items()},
-            {k: v.item() for k, v in alone.compute().items()})
+    return found, {k: v.item() for k, v in alone.compute().items()}
 
 
 @pytest.mark.slow
 def test_link_metrics_are_exact_over_ranks_one_without_pairs(tmp_path):
-    # Rank 0 scores 25 pairs, rank 1 the other 35, rank 2 none.
-    results = run_gloo_group(_link_metrics, 3, tmp_path,
-                             [(0, 25), (25, 60), (0, 0)])
+    # Two ranks, twice: rank 0 scores 25 pairs and rank 1 the other 35;
+    # then rank 0 all 60 and rank 1 none.
+    splits = [[(0, 25), (25, 60)], [(0, 60), (0, 0)]]
+    # (A loaded machine has taken more than run_gloo_group's default 120 s
+    # to start the ranks.)
+    results = run_gloo_group(_link_metrics, 2, tmp_path, splits, timeout=300)
     alone = results[0][1]
-    assert [values for values, _ in results] == [alone] * 3
+    assert [found for found, _ in results] == [[alone] * len(splits)] * 2
     # OGB's ranks: 1 + negatives above + half the tied ones.
     torch.manual_seed(0)
     positive, negatives = torch.randn(60).round(), torch.randn(60, 8).round()
