@@ -265,14 +265,15 @@ def test_several_node_and_edge_types_learn_exactly_resume_and_predict(
         ([*common, "--checkpoint-dir", tmp_path / "u", "--log-dir",
           tmp_path / "logs"], NO_GPU),
         ([*common, "--checkpoint-dir", tmp_path / "s"],
-         {**NO_GPU, "TEST_SIGTERM_AT_CHECK": "21"}), script=copy)
+         {**NO_GPU, "TEST_SIGTERM_AT_CHECK": "21"}), script=copy,
+        timeout=240)  # a loaded machine has passed the default 120 s
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     assert reported_test_accuracy(uninterrupted.stdout) > HETERO_FLOOR, (
         uninterrupted.stdout)
     resumed = run_example([*common, "--checkpoint-dir", tmp_path / "s",
                            "--resume", "--predict", tmp_path / "p.npy"],
-                          env=NO_GPU, script=copy)
+                          env=NO_GPU, script=copy, timeout=240)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "at epoch 1, step 3." in resumed.stdout
     line = re.compile(r"^(Epoch \d+ \| Average Loss \S+ \| Accuracy \S+) \|"
