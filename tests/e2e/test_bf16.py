@@ -105,8 +105,10 @@ def _autocast_run(rank, dataset_dir, log_dir):
 def test_autocast_runs_the_model_in_bf16_with_fp32_gradients(
     small_dataset, tmp_path
 ):
+    # (A loaded machine has taken more than run_gloo_group's default 120 s
+    # to start the rank and run it.)
     [(plan, forwards, grads, records, linears, relu_dropouts)] = run_gloo_group(
-        _autocast_run, 1, tmp_path, small_dataset, str(tmp_path)
+        _autocast_run, 1, tmp_path, small_dataset, str(tmp_path), timeout=300
     )
     assert plan.autocast and plan.split_products and plan.fused_dropout
     # 2 training steps, then 2 batches each of validation and test, every
