@@ -41,8 +41,7 @@ TRAINER = os.path.join(DISTRIBUTED, "dist_node_classification.py")
 # each case is quick.
 FAILURE_ARGS = [*TRAIN_ARGS, "--epochs", 1000,
                 "--connect-timeout", TRAINER_BOUND_S,
-                "--progress-timeout", TRAINER_BOUND_S,
-                "--batch-size", 32]
+                "--progress-timeout", TRAINER_BOUND_S]
 
 
 # Each case's job on 2 machines: (graph servers, trainers, sampler processes
@@ -117,7 +116,12 @@ def test_every_failure_ends_a_tools_launch_job_leaving_nothing(
     FAILURE_BOUND_S, exit 1, its cause printed once, and no shared memory
     left on either machine (finish() checks no process is left)."""
     servers, trainers, samplers = LAYOUT[case]
-    args, cause = [*FAILURE_ARGS, "--num-workers", samplers], None
+    # 64 seeds a machine a batch, whatever its trainers: an epoch is the
+    # same 9 steps of 128 seeds in every layout (300 training nodes a
+    # trainer of 2 a machine).
+    args = [*FAILURE_ARGS, "--num-workers", samplers,
+            "--batch-size", 64 // trainers]
+    cause = None
     if case == "a trainer fails before connecting":
         args += import_fails_on_machine_1(tmp_path)
         cause = "ImportError: machine 1 cannot import this copy"
