@@ -1,6 +1,6 @@
 """docs/customising.md's other edits of node_classification.py on simulated
 machines (as test_distributed_trainer.py describes them), each on
-partitions of its own dataset, on 2 machines: the multi-label,
+partitions of its own dataset, 2 machines x 2 trainers: the multi-label,
 second-feature and keep-the-best edits on the multi-hot dataset; node
 regression with the keys edit; the edit for several node types on the
 synthetic users and items (it learns, predicts every user's class, and the
@@ -58,8 +58,7 @@ def test_multi_label_second_feature_and_best_model_train_on_two_machines(
         namespaces, multi_label_dataset, tmp_path):
     """docs/customising.md's multi-label, second-feature and keep-the-best
     edits in one copy, on partitions of the multi-hot dataset with its
-    "degree" feature, 2 machines x 1 trainer (2 trainers a machine train
-    the edit for several node types; each trainer is seconds of start-up)."""
+    "degree" feature, 2 machines x 2 trainers."""
     example = edited_copy(tmp_path, "multi_label", "two_features",
                           "best_model")
     partition_here(multi_label_dataset, tmp_path / "parts", example)
@@ -70,9 +69,9 @@ def test_multi_label_second_feature_and_best_model_train_on_two_machines(
         [*TRAIN_ARGS, "--epochs", EPOCHS, "--example", example,
          "--checkpoint-dir", ckpt,
          "--log-dir", tmp_path / "metrics"],
-        tmp_path / "logs")
+        tmp_path / "logs", launcher_args=["--trainers-per-machine", 2])
     assert code == 0, err[-3000:]
-    assert "Training with 2 trainers." in out
+    assert "Training with 4 trainers." in out
     epochs = EPOCH_LINE.findall(out)
     assert [e[1] for e in epochs] == ["Micro-F1"] * EPOCHS, out
     # It learns: every node has its main class, a fifth of the others too;
