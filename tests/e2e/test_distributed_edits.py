@@ -16,11 +16,23 @@ import pytest
 import torch
 
 from helpers import (
-    DISTRIBUTED, EPOCHS, TRAIN_ARGS, edited_copy,
-    launch, missing_prerequisite, run_in_process, run_script,
+    EPOCHS, TRAIN_ARGS, edited_copy, launch, missing_prerequisite,
+    run_in_process,
 )
 from helpers import TRAINER_EPOCH_LINE as EPOCH_LINE
 from helpers import TRAINER_TEST_LINE as TEST_LINE
+
+
+def partition_here(dataset, out, example, *options):
+    """partition_graph.py's main, run in this process (its command line
+    runs in the module fixtures of the other distributed test files): 2
+    partitions of `dataset` for `example`, in `out`. A process of its own
+    would only import torch and DGL again."""
+    import partition_graph
+
+    partition_graph.main(["--dataset", str(dataset), "--num-parts", "2",
+                          "--out", str(out), "--example", str(example),
+                          *options])
 
 
 def rename_keys(dataset):
@@ -49,10 +61,7 @@ def test_multi_label_second_feature_and_best_model_train_on_two_machines(
     "degree" feature, 2 machines x 2 trainers."""
     example = edited_copy(tmp_path, "multi_label", "two_features",
                           "best_model")
-    parts = run_script(os.path.join(DISTRIBUTED, "partition_graph.py"),
-                       ["--dataset", multi_label_dataset, "--num-parts", 2,
-                        "--out", tmp_path / "parts", "--example", example])
-    assert parts.returncode == 0, parts.stdout + parts.stderr
+    partition_here(multi_label_dataset, tmp_path / "parts", example)
     (tmp_path / "logs").mkdir()
     ckpt = tmp_path / "ckpt"
     code, out, err = launch(
@@ -99,10 +108,7 @@ def test_node_regression_trains_on_two_machines(namespaces, dataset,
     # node feature "y", its item sets seed nodes only.
     rename_keys(values)
     example = edited_copy(tmp_path, "regression", "keys")
-    parts = run_script(os.path.join(DISTRIBUTED, "partition_graph.py"),
-                       ["--dataset", values, "--num-parts", 2, "--out",
-                        tmp_path / "parts", "--example", example])
-    assert parts.returncode == 0, parts.stdout + parts.stderr
+    partition_here(values, tmp_path / "parts", example)
     (tmp_path / "logs").mkdir()
     code, out, err = launch(
         str(tmp_path / "parts" / "values.json"),
@@ -131,11 +137,9 @@ def test_several_node_types_train_and_predict_on_two_machines(
     from helpers import HETERO_FLOOR
 
     example = edited_copy(tmp_path, "hetero")
-    parts = run_script(os.path.join(DISTRIBUTED, "partition_graph.py"),
-                       ["--dataset", hetero_dataset, "--num-parts", 2,
-                        "--out", tmp_path / "parts", "--example", example,
-                        "--balance-train", "--balance-edges"])
-    assert parts.returncode == 0, parts.stdout + parts.stderr
+    partition_here(hetero_dataset, tmp_path / "parts", example,
+                   "--balance-train", "--balance-edges")
+    capsys.readouterr()  # what partitioning printed
     part_config = str(tmp_path / "parts" / "hetero.json")
     # Each partition holds its own nodes' features, per type, in the
     # partitions' order (node_map: a type's ranges, its ids end to end).

@@ -450,7 +450,7 @@ def test_the_examples_edits_train_on_two_machines(namespaces,
 
 @pytest.mark.slow
 def test_sigterm_stops_every_trainer_at_one_step_with_a_checkpoint(
-        namespaces, stopped_and_resumed):
+        namespaces, stopped_and_resumed, no_cuda):
     code, out, err = stopped_and_resumed["stopped"]
     assert code == 128 + signal.SIGTERM, err[-3000:]
     stop = re.search(r"^Stopped by SIGTERM in epoch 1 after step (\d+): "
@@ -460,14 +460,11 @@ def test_sigterm_stops_every_trainer_at_one_step_with_a_checkpoint(
     # Gradients of 2 batches make a step: a stop waits for one.
     assert int(stop.group(1)) % 2 == 0, out[-2000:]
     assert "Resuming from" in stopped_and_resumed["resumed"][1]
-    # model.pt loads on a machine without a GPU.
-    model = subprocess.run(
-        [sys.executable, "-c", "import torch, sys; print(len(torch.load("
-         "sys.argv[1], map_location='cpu', weights_only=True)))",
-         str(stopped_and_resumed["out"] / "ckpt" / "model.pt")],
-        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), capture_output=True,
-        text=True, timeout=60)
-    assert model.returncode == 0 and int(model.stdout) > 0, model.stderr
+    # model.pt loads on a machine without a GPU (no_cuda: this process
+    # sees none; a process of its own would only import torch again).
+    model = torch.load(stopped_and_resumed["out"] / "ckpt" / "model.pt",
+                       map_location="cpu", weights_only=True)
+    assert len(model) > 0
 
 
 @pytest.mark.slow
