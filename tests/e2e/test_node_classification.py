@@ -19,7 +19,6 @@ from helpers import (
     epoch_lines,
     finish,
     gone,
-    kill_rank_and_expect_failure,
     kill_session,
     read_until,
     reported_test_accuracy,
@@ -346,19 +345,9 @@ def test_an_exception_in_one_rank_fails_the_job(small_dataset, tmp_path):
     assert "error: training failed" in result.stderr
 
 
-@pytest.mark.slow
-def test_a_killed_rank_fails_the_job_promptly(small_dataset):
-    job = start([sys.executable, SCRIPT, "--gpu=0,1", "--dataset",
-                 small_dataset, "--epochs", "200", *FAST, *CPU])
-    try:
-        read_until(job, r"(?m)^Epoch 00000", 120)
-        ranks = spawned_ranks(job.pid)
-        assert len(ranks) == 2
-        kill_rank_and_expect_failure(job, ranks[1])
-        assert all(gone(rank) for rank in ranks)
-    finally:
-        kill_session(job)
-
+# A killed rank fails the job promptly, taking the other rank with it:
+# test_resume.py's test_a_stopped_and_killed_run_resumes_exactly kills one
+# (and resumes from the checkpoint it left).
 
 
 @pytest.mark.slow

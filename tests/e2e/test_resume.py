@@ -5,6 +5,7 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,86 +44,6 @@ def metrics_without_time(stdout):
     return [line[:3] for line in epoch_lines(stdout)]
 
 
-@pytest.mark.slow
-def test_killed_run_resumes_from_its_last_checkpoint(small_dataset, tmp_path):
-    # One rank with one thread (two ranks, and one rank with two threads, are
-    # resumed exactly in the SIGTERM tests below).
-    import node_classification as nc
-
-    ckpt, logs = tmp_path / "ckpt", tmp_path / "logs"
-    common = ["--gpu=0", "--threads", "1", "--batch-size", "64", "--fanout",
-              "5,5,5", "--epochs", "2", "--seed", "5", "--dataset",
-              small_dataset]
-    # The uninterrupted run side by side with the one whose rank is killed
-    # while epoch 1 (the second and last) trains.
-    other = start([sys.executable, SCRIPT, *common], env=NO_GPU)
-    job = start([sys.executable, SCRIPT, *common, "--checkpoint-dir", ckpt,
-                 "--log-dir", logs], env=NO_GPU)
-    try:
-        before = read_until(job, r"(?m)^Epoch 00000.*\n", 120)
-        ranks = spawned_ranks(job.pid)
-        assert len(ranks) == 1
-        kill_rank_and_expect_failure(job, ranks[0])
-        uninterrupted = finish(other, 120)
-    finally:
-        kill_session(job)
-        kill_session(other)
-    assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
-
-    # The checkpoint of epoch 0 is there and loads; the model has no DDP
-    # prefixes.
-    checkpoint = torch.load(ckpt / gbrun.checkpoint.CHECKPOINT_FILE, weights_only=True)
-    assert checkpoint["epoch"] == 1 and checkpoint["seed"] == 5
-    assert checkpoint["config"]["fanout"] == [5, 5, 5]
-    assert not any(k.startswith("module.") for k in checkpoint["model"])
-    assert not os.path.exists(ckpt / gbrun.checkpoint.MODEL_FILE)
-
-    # Without --seed: the checkpoint's seed continues the run.
-    at = common.index("--seed")
-    unseeded = common[:at] + common[at + 2:]
-    resumed = run_example(
-        [*unseeded, "--checkpoint-dir", ckpt, "--log-dir", logs, "--resume"],
-        env=NO_GPU,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"Resuming from {ckpt} at epoch 1." in resumed.stdout
-    later = epoch_lines(resumed.stdout)
-    assert [int(line[0]) for line in later] == [1]
-    # Digit for digit what the uninterrupted run printed.
-    assert metrics_without_time(before + resumed.stdout) == (
-        metrics_without_time(uninterrupted.stdout))
-    assert reported_test_accuracy(resumed.stdout) == (
-        reported_test_accuracy(uninterrupted.stdout))
-
-    # The final model loads into the example's model as is.
-    model = nc.create_model(32, 10)
-    model.load_state_dict(torch.load(ckpt / gbrun.checkpoint.MODEL_FILE, weights_only=True))
-
-    # metrics.jsonl: epoch 0 from the killed run, 1 and the test result
-    # from the resumed one.
-    records = [json.loads(line) for line in open(logs / gbrun.records.METRICS_FILE)]
-    assert [r.get("epoch") for r in records] == [0, 1, None]
-    assert set(records[0]) == {
-        "epoch", "loss", "metric", "val_accuracy", "epoch_time",
-        "train_time", "seeds_per_second", "data_wait", "ranks",
-    }
-    assert records[0]["metric"] == "Accuracy"
-    assert records[0]["ranks"] == 1 and records[0]["seeds_per_second"] > 0
-    assert abs(
-        records[-1]["test_accuracy"] - reported_test_accuracy(resumed.stdout)
-    ) < 1e-4
-
-    # And the curves can be drawn, with a second run overlaid (in this
-    # process; the command line runs in test_plot_metrics_names_a_missing_log).
-    import plot_metrics
-
-    svg = tmp_path / "curves.svg"
-    plot_metrics.main([str(logs), str(logs), "--out", str(svg)])
-    # Well-formed, with a line per run in each of the two panels.
-    drawn = ElementTree.parse(svg).getroot()
-    assert len(drawn.findall("{http://www.w3.org/2000/svg}polyline")) == 4
-
-
 # TEST_SIGTERM_AT_CHECK=N stops a run at an exact step, with no timing
 # involved: the Nth stop check of a process acts as if SIGTERM had arrived
 # just before it. There is one check per training step and one after each
@@ -148,48 +69,16 @@ def check_stopped(run, ckpt):
     return torch.load(ckpt / gbrun.checkpoint.CHECKPOINT_FILE, weights_only=True)
 
 
-def stopped_at_check(check, args, ckpt):
+def stopped_at_check(check, args, ckpt, env=NO_GPU):
     """Runs the example stopped at `check`; returns its output and its
     checkpoint."""
-    run = run_example(args, env={**NO_GPU, AT_CHECK: str(check)})
+    run = run_example(args, env={**env, AT_CHECK: str(check)})
     return run, check_stopped(run, ckpt)
 
 
-@pytest.mark.slow
-def test_stopped_in_validation_and_inside_an_epoch_the_run_resumes_exactly(
-        small_dataset, tmp_path, reference_run):
-    # The reference's two ranks: 14 steps per epoch and rank, so check 15
-    # comes after epoch 0's validation.
-    uninterrupted, _ = reference_run
-    ckpt = tmp_path / "ckpt"
-    common = [*REFERENCE, "--dataset", small_dataset, "--checkpoint-dir", ckpt]
-
-    # A signal during validation stops at the epoch's checkpoint.
-    first, checkpoint = stopped_at_check(15, common, ckpt)
-    assert (checkpoint["epoch"], checkpoint["step"]) == (1, 0)
-    assert stop_message(signal.SIGTERM, ckpt, 1, 0) in first.stdout.splitlines()
-    # Resumed and stopped again late in epoch 1 (check 11, read at step 12):
-    # the checkpoint keeps both ranks' sums so far.
-    second, checkpoint = stopped_at_check(11, [*common, "--resume"], ckpt)
-    assert f"Resuming from {ckpt} at epoch 1." in second.stdout
-    assert (checkpoint["epoch"], checkpoint["step"]) == (1, 12)
-    assert len(checkpoint["partial"]) == 2
-    assert stop_message(signal.SIGTERM, ckpt, 1, 12) in (
-        second.stdout.splitlines())
-
-    last = run_example([*common, "--resume"], env=NO_GPU)
-    assert last.returncode == 0, last.stderr[-2000:]
-    assert f"Resuming from {ckpt} at epoch 1, step 12." in last.stdout
-    assert metrics_without_time(first.stdout + second.stdout + last.stdout) == (
-        metrics_without_time(uninterrupted.stdout))
-    assert reported_test_accuracy(last.stdout) == (
-        reported_test_accuracy(uninterrupted.stdout))
-    # Seeds/s is what a run trained in its train time: in the resumed epoch
-    # 2 steps x 64 seeds x 2 ranks, not the epoch's 14 steps (7 times more),
-    # and 14 steps in the next epoch.
-    times = {int(epoch): float(seconds) * float(rate)
-             for epoch, seconds, rate in EPOCH_TIMES.findall(last.stdout)}
-    assert times == pytest.approx({1: 2 * 64 * 2, 2: 14 * 64 * 2}, rel=0.05)
+# Idle OpenMP threads wait asleep: on two loaded cores the second thread's
+# spinning doubled a two-thread run's CPU time, and changes no result.
+TWO_THREADS = {**NO_GPU, "OMP_WAIT_POLICY": "PASSIVE"}
 
 
 @pytest.mark.slow
@@ -203,17 +92,17 @@ def test_sigterm_stops_one_rank_with_two_threads_at_a_step_exactly(
               "--dataset", small_dataset]
     # One after the other: two runs of two threads each on two cores slow
     # each other down far more than they overlap.
-    uninterrupted = run_example(common, env=NO_GPU)
+    uninterrupted = run_example(common, env=TWO_THREADS)
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
     stopped, checkpoint = stopped_at_check(
-        19, [*common, "--checkpoint-dir", ckpt], ckpt)
+        19, [*common, "--checkpoint-dir", ckpt], ckpt, TWO_THREADS)
     assert (checkpoint["epoch"], checkpoint["step"]) == (0, 20)
     assert len(checkpoint["partial"]) == 1
     assert stop_message(signal.SIGTERM, ckpt, 0, 20) in (
         stopped.stdout.splitlines())
 
     resumed = run_example([*common, "--checkpoint-dir", ckpt, "--resume"],
-                          env=NO_GPU)
+                          env=TWO_THREADS)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"Resuming from {ckpt} at epoch 0, step 20." in resumed.stdout
     assert metrics_without_time(resumed.stdout) == (
@@ -223,6 +112,7 @@ def test_sigterm_stops_one_rank_with_two_threads_at_a_step_exactly(
 
 
 # The real signals of signalled_runs: (name, signal, whom, seed, when).
+START_UP = "SIGTERM to every process at start-up"
 SIGNALLED = [
     # The launcher, which relays it to the ranks.
     ("SIGTERM to the launcher", signal.SIGTERM, "launcher", 1, "epoch 0"),
@@ -231,9 +121,10 @@ SIGNALLED = [
     ("Ctrl-C", signal.SIGINT, "group", 2, "epoch 0"),
     # A scheduler that signals every process of the job, while the ranks
     # are still starting (importing torch): ranks take SIGTERM as a stop
-    # request too, and are born with it blocked until they handle it.
-    ("SIGTERM to every process at start-up", signal.SIGTERM, "group", 3,
-     "start"),
+    # request too, and are born with it blocked until they handle it. The
+    # reference's run itself (seed 1, 3 epochs): it stops inside epoch 0,
+    # and test_a_stopped_and_killed_run_resumes_exactly resumes it.
+    (START_UP, signal.SIGTERM, "group", 1, "start"),
     # A scheduler that signals one process: rank 1 alone hears it, and
     # every rank stops with it (the ranks agree on an all-reduced flag).
     ("SIGTERM to rank 1", signal.SIGTERM, "rank 1", 4, "epoch 0"),
@@ -244,17 +135,20 @@ TRIGGER = {"epoch 0": rb"(?m)^Epoch 00000 .*\n",
 
 @pytest.fixture(scope="module")
 def signalled_runs(small_dataset, tmp_path_factory):
-    """The reference's arguments, run side by side with seeds 1, 2 and 3
-    for --epochs 10 (far from done when signalled), each sent a real signal
+    """The reference's arguments, run side by side with the seeds of
+    SIGNALLED, for --epochs 10 (far from done when signalled; the one
+    signalled at start-up keeps the reference's 3), each sent a real signal
     as SIGNALLED says, as soon as it printed the line of TRIGGER. Returns
     {name: (CompletedProcess, checkpoint dir)}."""
     out = tmp_path_factory.mktemp("signalled")
-    jobs = {}
-    for name, signum, _, seed, _ in SIGNALLED:
+    jobs, ckpts = {}, {}
+    for number, (name, signum, _, seed, when) in enumerate(SIGNALLED):
+        ckpts[name] = out / str(number)
         args = [*REFERENCE, "--dataset", small_dataset, "--checkpoint-dir",
-                out / str(seed)]
+                ckpts[name]]
         args[args.index("--seed") + 1] = seed
-        args[args.index("--epochs") + 1] = 10
+        if when != "start":
+            args[args.index("--epochs") + 1] = 10
         jobs[name] = start([sys.executable, SCRIPT, *args], env=NO_GPU)
     try:
         fds = {name: job.stdout.fileno() for name, job in jobs.items()}
@@ -281,10 +175,10 @@ def signalled_runs(small_dataset, tmp_path_factory):
                     else:
                         os.killpg(jobs[name].pid, signum)
         runs = {}
-        for name, signum, _, seed, _ in SIGNALLED:
+        for name in jobs:
             run = finish(jobs[name], 60)
             run.stdout = seen[fds[name]].decode() + run.stdout
-            runs[name] = (run, out / str(seed))
+            runs[name] = (run, ckpts[name])
     finally:
         for job in jobs.values():
             kill_session(job)
@@ -321,6 +215,111 @@ def test_real_signals_stop_every_rank_at_a_checkpoint(signalled_runs):
         assert stop_message(signum, ckpt, epoch, step) in (
             run.stdout.splitlines()), (name, run.stdout)
         assert len(checkpoint["partial"] or [0, 0]) == 2
+
+
+@pytest.mark.slow
+def test_a_stopped_and_killed_run_resumes_exactly(
+        signalled_runs, reference_run, small_dataset, tmp_path):
+    # One chain of resumes of the reference's arguments, compared line by
+    # line with the reference itself: the run signalled at start-up
+    # (stopped inside epoch 0) is resumed and its rank 1 killed, resumed
+    # and stopped in validation, then resumed to the end without --seed.
+    # 14 steps per epoch and rank.
+    import node_classification as nc
+
+    uninterrupted, _ = reference_run
+    started, started_ckpt = signalled_runs[START_UP]
+    ckpt, logs = tmp_path / "ckpt", tmp_path / "logs"
+    shutil.copytree(started_ckpt, ckpt)  # left as test_real_signals saw it
+    # Stopped inside an epoch, the checkpoint keeps both ranks' sums so far.
+    checkpoint = torch.load(ckpt / gbrun.checkpoint.CHECKPOINT_FILE,
+                            weights_only=True)
+    assert (checkpoint["epoch"], checkpoint["step"]) == (0, 2)
+    assert len(checkpoint["partial"]) == 2
+    common = [*REFERENCE, "--dataset", small_dataset, "--checkpoint-dir",
+              ckpt, "--log-dir", logs, "--resume"]
+
+    # Rank 1 is killed while epoch 1 trains: the job fails within seconds
+    # and takes its other rank with it.
+    job = start([sys.executable, SCRIPT, *common], env=NO_GPU)
+    try:
+        killed = read_until(job, r"(?m)^Epoch 00000.*\n", 120)
+        ranks = spawned_ranks(job.pid)
+        assert len(ranks) == 2
+        kill_rank_and_expect_failure(job, ranks[1])
+        assert all(gone(rank) for rank in ranks)
+    finally:
+        kill_session(job)
+    assert f"Resuming from {ckpt} at epoch 0, step 2." in killed
+    # Digit for digit what the uninterrupted run printed (so far; all of it
+    # below).
+    reference = metrics_without_time(uninterrupted.stdout)
+    assert metrics_without_time(started.stdout + killed) == reference[:1]
+    # The checkpoint of epoch 0 is there and loads; the model has no DDP
+    # prefixes.
+    checkpoint = torch.load(ckpt / gbrun.checkpoint.CHECKPOINT_FILE,
+                            weights_only=True)
+    assert (checkpoint["epoch"], checkpoint["step"]) == (1, 0)
+    assert checkpoint["seed"] == 1
+    assert checkpoint["config"]["fanout"] == [5, 5, 5]
+    assert not any(k.startswith("module.") for k in checkpoint["model"])
+    assert not os.path.exists(ckpt / gbrun.checkpoint.MODEL_FILE)
+
+    # A signal during validation stops at the epoch's checkpoint (check 15
+    # of a run that trains epoch 1 from its start).
+    stopped, checkpoint = stopped_at_check(15, common, ckpt)
+    assert f"Resuming from {ckpt} at epoch 1." in stopped.stdout
+    assert (checkpoint["epoch"], checkpoint["step"]) == (2, 0)
+    assert stop_message(signal.SIGTERM, ckpt, 2, 0) in (
+        stopped.stdout.splitlines())
+
+    # Without --seed: the checkpoint's seed continues the run.
+    at = common.index("--seed")
+    last = run_example(common[:at] + common[at + 2:], env=NO_GPU)
+    assert last.returncode == 0, last.stderr[-2000:]
+    assert f"Resuming from {ckpt} at epoch 2." in last.stdout
+    assert [int(line[0]) for line in epoch_lines(last.stdout)] == [2]
+    assert metrics_without_time(
+        started.stdout + killed + stopped.stdout + last.stdout) == reference
+    assert reported_test_accuracy(last.stdout) == (
+        reported_test_accuracy(uninterrupted.stdout))
+    # Seeds/s is what a run trained in its train time: in the epoch resumed
+    # at step 2, 12 steps x 64 seeds x 2 ranks, not the epoch's 14; and 14
+    # steps in the next one.
+    times = {int(epoch): float(seconds) * float(rate)
+             for epoch, seconds, rate in EPOCH_TIMES.findall(
+                 killed + stopped.stdout)}
+    assert times == pytest.approx({0: 12 * 64 * 2, 1: 14 * 64 * 2},
+                                  rel=0.05)
+
+    # The final model loads into the example's model as is.
+    model = nc.create_model(32, 10)
+    model.load_state_dict(torch.load(ckpt / gbrun.checkpoint.MODEL_FILE,
+                                     weights_only=True))
+
+    # metrics.jsonl: an epoch from each resumed run, then the test result.
+    records = [json.loads(line)
+               for line in open(logs / gbrun.records.METRICS_FILE)]
+    assert [r.get("epoch") for r in records] == [0, 1, 2, None]
+    assert set(records[0]) == {
+        "epoch", "loss", "metric", "val_accuracy", "epoch_time",
+        "train_time", "seeds_per_second", "data_wait", "ranks",
+    }
+    assert records[0]["metric"] == "Accuracy"
+    assert records[0]["ranks"] == 2 and records[0]["seeds_per_second"] > 0
+    assert abs(
+        records[-1]["test_accuracy"] - reported_test_accuracy(last.stdout)
+    ) < 1e-4
+
+    # And the curves can be drawn, with a second run overlaid (in this
+    # process; the command line runs in test_plot_metrics_names_a_missing_log).
+    import plot_metrics
+
+    svg = tmp_path / "curves.svg"
+    plot_metrics.main([str(logs), str(logs), "--out", str(svg)])
+    # Well-formed, with a line per run in each of the two panels.
+    drawn = ElementTree.parse(svg).getroot()
+    assert len(drawn.findall("{http://www.w3.org/2000/svg}polyline")) == 4
 
 
 _RELAY = """
@@ -446,9 +445,10 @@ def _sampled_twice(rank, dataset_dir, threads):
 
 @pytest.mark.slow
 def test_a_seeded_epoch_samples_the_same_batches_with_two_threads(
-        small_dataset, tmp_path):
+        small_dataset, tmp_path, monkeypatch):
     # What makes a seeded run with --threads 2 repeatable, and a run stopped
     # inside an epoch resumable exactly: the skipped batches are sampled again.
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # as TWO_THREADS says
     [(first, second, other_seed)] = run_gloo_group(
         _sampled_twice, 1, tmp_path, small_dataset, 2)
     assert len(first) == len(second) == len(other_seed) == 1800 // 64
