@@ -76,11 +76,6 @@ def stopped_at_check(check, args, ckpt, env=NO_GPU):
     return run, check_stopped(run, ckpt)
 
 
-# Idle OpenMP threads wait asleep: on two loaded cores the second thread's
-# spinning doubled a two-thread run's CPU time, and changes no result.
-TWO_THREADS = {**NO_GPU, "OMP_WAIT_POLICY": "PASSIVE"}
-
-
 @pytest.mark.slow
 def test_sigterm_stops_one_rank_with_two_threads_at_a_step_exactly(
         small_dataset, tmp_path):
@@ -92,17 +87,17 @@ def test_sigterm_stops_one_rank_with_two_threads_at_a_step_exactly(
               "--dataset", small_dataset]
     # One after the other: two runs of two threads each on two cores slow
     # each other down far more than they overlap.
-    uninterrupted = run_example(common, env=TWO_THREADS)
+    uninterrupted = run_example(common, env=NO_GPU)
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
     stopped, checkpoint = stopped_at_check(
-        19, [*common, "--checkpoint-dir", ckpt], ckpt, TWO_THREADS)
+        19, [*common, "--checkpoint-dir", ckpt], ckpt, NO_GPU)
     assert (checkpoint["epoch"], checkpoint["step"]) == (0, 20)
     assert len(checkpoint["partial"]) == 1
     assert stop_message(signal.SIGTERM, ckpt, 0, 20) in (
         stopped.stdout.splitlines())
 
     resumed = run_example([*common, "--checkpoint-dir", ckpt, "--resume"],
-                          env=TWO_THREADS)
+                          env=NO_GPU)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"Resuming from {ckpt} at epoch 0, step 20." in resumed.stdout
     assert metrics_without_time(resumed.stdout) == (
@@ -445,10 +440,9 @@ def _sampled_twice(rank, dataset_dir, threads):
 
 @pytest.mark.slow
 def test_a_seeded_epoch_samples_the_same_batches_with_two_threads(
-        small_dataset, tmp_path, monkeypatch):
+        small_dataset, tmp_path):
     # What makes a seeded run with --threads 2 repeatable, and a run stopped
     # inside an epoch resumable exactly: the skipped batches are sampled again.
-    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # as TWO_THREADS says
     [(first, second, other_seed)] = run_gloo_group(
         _sampled_twice, 1, tmp_path, small_dataset, 2)
     assert len(first) == len(second) == len(other_seed) == 1800 // 64
