@@ -29,8 +29,6 @@ from .run_state import (
     read_checkpoint,
 )
 from .trees import difference, plain
-# Names code written before gbrun.run_state imports from here.
-from .trees import check_plain  # noqa: F401
 
 MODEL_FILE = "model.pt"
 MODEL_CONFIG_FILE = "model.json"

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import gbrun.checkpoint
+import gbrun.outputs
 from helpers import NO_GPU, REFERENCE, REPO, reported_test_accuracy, run_example
 
 
@@ -226,8 +227,8 @@ def test_files_saved_by_gpu_ranks_load_without_cuda(
                         lambda storage: "cuda:0")
     (tmp_path / "ckpt").mkdir()
     model_file = str(tmp_path / "ckpt" / gbrun.checkpoint.MODEL_FILE)
-    gbrun.checkpoint.save_atomically(model, model_file)
-    gbrun.checkpoint.save_atomically(
+    gbrun.outputs.save_atomically(model, model_file)
+    gbrun.outputs.save_atomically(
         checkpoint, str(tmp_path / "ckpt" / gbrun.checkpoint.CHECKPOINT_FILE))
     monkeypatch.undo()
 

@@ -17,6 +17,7 @@ import torch
 
 import gbrun.batches
 import gbrun.checkpoint
+import gbrun.outputs
 import gbrun.stop
 
 from helpers import (
@@ -365,7 +366,7 @@ def test_sigkill_while_saving_leaves_a_loadable_checkpoint(tmp_path):
     path = tmp_path / "checkpoint.pt"
     saver = (
         "import sys, torch\n"
-        "from gbrun.checkpoint import save_atomically\n"
+        "from gbrun.outputs import save_atomically\n"
         "save_atomically({'epoch': 0}, sys.argv[1])\n"
         "print('ready', flush=True)\n"
         "for epoch in range(1, 10**6):\n"
@@ -389,15 +390,15 @@ def test_sigkill_while_saving_leaves_a_loadable_checkpoint(tmp_path):
 
 def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "checkpoint.pt"
-    gbrun.checkpoint.save_atomically({"epoch": 1}, str(path))
+    gbrun.outputs.save_atomically({"epoch": 1}, str(path))
 
     def crash(obj, f):
         f.write(b"half a checkpoint")
         raise OSError("disk full")
 
-    monkeypatch.setattr(gbrun.checkpoint.torch, "save", crash)
+    monkeypatch.setattr(gbrun.outputs.torch, "save", crash)
     with pytest.raises(OSError):
-        gbrun.checkpoint.save_atomically({"epoch": 2}, str(path))
+        gbrun.outputs.save_atomically({"epoch": 2}, str(path))
     monkeypatch.undo()
     assert torch.load(path) == {"epoch": 1}
     assert os.listdir(tmp_path) == ["checkpoint.pt"]

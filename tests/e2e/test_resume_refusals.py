@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import gbrun.checkpoint
+import gbrun.outputs
+import gbrun.trees
 import gbrun.cli
 import gbrun.data.datasets
 
@@ -70,7 +72,7 @@ def make_checkpoint(directory, dataset_dir, position=(), run_epochs=None,
         checkpoint["epochs"] = run_epochs
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, gbrun.checkpoint.CHECKPOINT_FILE)
-    gbrun.checkpoint.save_atomically(checkpoint, path)
+    gbrun.outputs.save_atomically(checkpoint, path)
     return path
 
 
@@ -302,7 +304,7 @@ def test_the_resume_key_tells_apart_models_whose_repr_is_the_same():
         keys.append(nc.resume_key(model, *nc.create_optimizer(model, args),
                                   args, [5]))
     assert repr(Table(3)) == repr(Table(5))
-    assert gbrun.checkpoint.difference(keys[0], keys[1]) == (
+    assert gbrun.trees.difference(keys[0], keys[1]) == (
         "model.shapes.table: [3, 4] then, [5, 4] now")
 
 
@@ -346,7 +348,7 @@ def test_resume_restores_optimizer_and_scheduler_as_saved():
     # What a checkpoint cannot hold is refused when saving, naming it.
     kept["model"] = again
     with pytest.raises(TypeError, match=r"progress.kept\['model'\] is a SAGE"):
-        gbrun.checkpoint.check_plain(kept, "progress.kept")
+        gbrun.trees.check_plain(kept, "progress.kept")
     # A run with a scheduler refuses a checkpoint without one.
     del saved["scheduler"]
     with pytest.raises(gbrun.cli.UsageError, match="has no scheduler state"):

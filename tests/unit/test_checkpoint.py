@@ -14,6 +14,7 @@ import torch
 
 import gbrun.checkpoint as checkpoint
 from gbrun.cli import UsageError
+from gbrun.outputs import save_atomically
 
 # A process that holds the lock of the directory argv[1] until killed.
 HOLDER = """
@@ -62,7 +63,7 @@ def test_a_symlink_planted_beside_the_checkpoint_is_not_followed(tmp_path):
                  f"checkpoint.pt.{os.getpid()}",
                  f"checkpoint.pt.tmp{os.getpid()}"):  # the name of old
         os.symlink(victim, tmp_path / name)
-    checkpoint.save_atomically({"epoch": 1}, str(path))
+    save_atomically({"epoch": 1}, str(path))
     assert victim.read_text() == "precious"
     assert torch.load(path, weights_only=True) == {"epoch": 1}
     assert not stat_mode(path) & 0o022  # umask 022: rw-r--r--
@@ -78,10 +79,11 @@ FULL_DISK = """
 import os, sys, torch
 import gbrun.checkpoint as checkpoint
 from gbrun.cli import UsageError
+from gbrun.outputs import save_atomically
 path = os.path.join(sys.argv[1], checkpoint.CHECKPOINT_FILE)
-checkpoint.save_atomically({"epoch": 1, "w": torch.zeros(10)}, path)
+save_atomically({"epoch": 1, "w": torch.zeros(10)}, path)
 try:
-    checkpoint.save_atomically({"epoch": 2, "w": torch.zeros(1 << 20)}, path)
+    save_atomically({"epoch": 2, "w": torch.zeros(1 << 20)}, path)
 except UsageError as error:
     print(error)
 print(torch.load(path, weights_only=True)["epoch"], sorted(os.listdir(sys.argv[1])))
