@@ -191,44 +191,38 @@ def test_several_node_types_train_and_predict_on_two_machines(
     assert round(float((predicted[users] == labels.numpy()).mean()), 4) == (
         accuracy)
 
-    # The unchanged example is refused on these partitions, in one line.
+    # The unchanged example is refused on these partitions, in one line; so
+    # is a copy whose TARGET is not the type with the labels, and one that
+    # leaves a node type out.
     import dist_node_classification as trainer
 
     ip_config = tmp_path / "ip2.txt"
     ip_config.write_text("10.0.0.1\n10.0.0.2\n")
-    code, lines = run_in_process(
-        monkeypatch, capsys,
-        lambda: trainer.main(["--part-config", part_config, "--ip-config",
-                              str(ip_config)]), ["x"])
-    assert code == 2 and len(lines) == 1, lines
-    assert lines[0].endswith(
+
+    def refused(*example_args):
+        code, lines = run_in_process(
+            monkeypatch, capsys,
+            lambda: trainer.main([*example_args, "--part-config", part_config,
+                                  "--ip-config", str(ip_config)]), ["x"])
+        assert code == 2 and len(lines) == 1, lines
+        return lines[0]
+
+    def copy(name, old, new):
+        path = tmp_path / name
+        path.write_text(pathlib.Path(example).read_text().replace(old, new))
+        return ["--example", str(path)]
+
+    assert refused().endswith(
         "the partitions hold a graph of several node types, but the "
         "example's FEATURE_KEYS ['feat'] name none: partition again with "
-        "partition_graph.py --example and this example"), lines
-    # So is a copy whose TARGET is not the type with the labels.
-    other_target = tmp_path / "item_target.py"
-    other_target.write_text(pathlib.Path(example).read_text().replace(
-        'TARGET = "user"', 'TARGET = "item"'))
-    code, lines = run_in_process(
-        monkeypatch, capsys,
-        lambda: trainer.main(["--example", str(other_target), "--part-config",
-                              part_config, "--ip-config", str(ip_config)]),
-        ["x"])
-    assert code == 2 and len(lines) == 1, lines
-    assert lines[0].endswith(
+        "partition_graph.py --example and this example")
+    assert refused(*copy("item_target.py", 'TARGET = "user"',
+                         'TARGET = "item"')).endswith(
         "the partitions hold the labels of node type 'user', but the "
         "example's TARGET is 'item': partition again with partition_graph.py "
-        "--example and this example"), lines
-    # And one that leaves a node type out.
-    users_only = tmp_path / "users_only.py"
-    users_only.write_text(pathlib.Path(example).read_text().replace(
-        'FEATURE_KEYS = {"user": ["feat"], "item": ["feat"]}',
-        'FEATURE_KEYS = {"user": ["feat"]}'))
-    code, lines = run_in_process(
-        monkeypatch, capsys,
-        lambda: trainer.main(["--example", str(users_only), "--part-config",
-                              part_config, "--ip-config", str(ip_config)]),
-        ["x"])
-    assert code == 2 and len(lines) == 1, lines
+        "--example and this example")
     assert "the partitions hold the features ['item', 'user'], labels " \
-        "'label' (class); the example reads {'user': ['feat']}" in lines[0]
+        "'label' (class); the example reads {'user': ['feat']}" in refused(
+            *copy("users_only.py",
+                  'FEATURE_KEYS = {"user": ["feat"], "item": ["feat"]}',
+                  'FEATURE_KEYS = {"user": ["feat"]}'))
