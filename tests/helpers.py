@@ -442,6 +442,31 @@ def partition(dataset, out, *options):
             "part_config": os.path.join(out, "synthetic.json")}
 
 
+def partition_here(dataset, out, *options, num_parts=2):
+    """partition_graph.py's main, run in this process, where its command
+    line is another test's (partition(), in the module fixtures): a process
+    of its own would only import torch and DGL again."""
+    import partition_graph
+
+    partition_graph.main(["--dataset", str(dataset), "--num-parts",
+                          str(num_parts), "--out", str(out),
+                          *map(str, options)])
+
+
+def one_rank_item_sampler(monkeypatch):
+    """GraphBolt's ItemSampler stands for the DistributedItemSampler of one
+    rank (all the items): an example's loader runs in this process, with no
+    process group. (A link batch's pairs are taken out of its sampled
+    neighbourhoods after the item sampler, so leak checks hold as is.)"""
+    from gbrun.graphbolt import gb
+
+    monkeypatch.setattr(
+        gb, "DistributedItemSampler",
+        lambda item_set, batch_size, drop_last, shuffle, drop_uneven_inputs:
+        gb.ItemSampler(item_set, batch_size, drop_last=drop_last,
+                       shuffle=shuffle))
+
+
 def marked(marker):
     """Pids of the processes whose environment holds `marker`."""
     found = []

@@ -22,8 +22,10 @@ import gbrun.checkpoint
 import gbrun.records
 from gbrun.batches import sample_serially
 from gbrun.data import datasets
-from gbrun.graphbolt import gb, scored_pairs
-from helpers import NO_GPU, REPO, edited_copy, run_examples
+from gbrun.graphbolt import scored_pairs
+from helpers import (
+    NO_GPU, REPO, edited_copy, one_rank_item_sampler, run_examples,
+)
 
 LINK = os.path.join(REPO, "link_prediction.py")
 NEGATIVES = 50  # of each evaluation pair in conftest.py's link_dataset
@@ -164,13 +166,8 @@ def test_a_softmax_loss_with_negatives_by_degree_learns(
 
 
 def one_rank_loader(module, link_dataset, monkeypatch, *argv):
-    """The copy's training loader, in this process: GraphBolt's ItemSampler
-    stands for the DistributedItemSampler of one rank (all the pairs)."""
-    monkeypatch.setattr(
-        gb, "DistributedItemSampler",
-        lambda item_set, batch_size, drop_last, shuffle, drop_uneven_inputs:
-        gb.ItemSampler(item_set, batch_size, drop_last=drop_last,
-                       shuffle=shuffle))
+    """The copy's training loader, in this process (one rank's items)."""
+    one_rank_item_sampler(monkeypatch)
     args = module.parse_args(["--dataset", link_dataset, *argv])
     dataset = datasets.load_dataset(link_dataset)
     train_set, _, _ = datasets.check_link_task(

@@ -17,22 +17,10 @@ import torch
 
 from helpers import (
     EPOCHS, TRAIN_ARGS, edited_copy, launch, missing_prerequisite,
-    run_in_process,
+    partition_here, run_in_process,
 )
 from helpers import TRAINER_EPOCH_LINE as EPOCH_LINE
 from helpers import TRAINER_TEST_LINE as TEST_LINE
-
-
-def partition_here(dataset, out, example, *options):
-    """partition_graph.py's main, run in this process (its command line
-    runs in the module fixtures of the other distributed test files): 2
-    partitions of `dataset` for `example`, in `out`. A process of its own
-    would only import torch and DGL again."""
-    import partition_graph
-
-    partition_graph.main(["--dataset", str(dataset), "--num-parts", "2",
-                          "--out", str(out), "--example", str(example),
-                          *options])
 
 
 def rename_keys(dataset):
@@ -61,7 +49,8 @@ def test_multi_label_second_feature_and_best_model_train_on_two_machines(
     "degree" feature, 2 machines x 2 trainers."""
     example = edited_copy(tmp_path, "multi_label", "two_features",
                           "best_model")
-    partition_here(multi_label_dataset, tmp_path / "parts", example)
+    partition_here(multi_label_dataset, tmp_path / "parts", "--example",
+                   example)
     (tmp_path / "logs").mkdir()
     ckpt = tmp_path / "ckpt"
     code, out, err = launch(
@@ -108,7 +97,7 @@ def test_node_regression_trains_on_two_machines(namespaces, dataset,
     # node feature "y", its item sets seed nodes only.
     rename_keys(values)
     example = edited_copy(tmp_path, "regression", "keys")
-    partition_here(values, tmp_path / "parts", example)
+    partition_here(values, tmp_path / "parts", "--example", example)
     (tmp_path / "logs").mkdir()
     code, out, err = launch(
         str(tmp_path / "parts" / "values.json"),
@@ -137,7 +126,7 @@ def test_several_node_types_train_and_predict_on_two_machines(
     from helpers import HETERO_FLOOR
 
     example = edited_copy(tmp_path, "hetero")
-    partition_here(hetero_dataset, tmp_path / "parts", example,
+    partition_here(hetero_dataset, tmp_path / "parts", "--example", example,
                    "--balance-train", "--balance-edges")
     capsys.readouterr()  # what partitioning printed
     part_config = str(tmp_path / "parts" / "hetero.json")

@@ -21,7 +21,8 @@ import gbrun.data.datasets
 import gbrun.records
 import gbrun.stop
 from helpers import (
-    NO_GPU, REPO, SCRIPTS, edited_copy, make_synthetic, run_examples,
+    NO_GPU, REPO, edited_copy, make_synthetic, one_rank_item_sampler,
+    run_examples,
 )
 
 LINK = os.path.join(REPO, "link_prediction.py")
@@ -192,16 +193,8 @@ def _sampled_edges_of_training_batches(module, dataset):
 @pytest.mark.slow
 def test_a_batch_samples_neither_its_purchases_nor_their_reverses(
         shop, tmp_path, monkeypatch):
-    # In this process, without a process group: GraphBolt's ItemSampler
-    # stands for the DistributedItemSampler of one rank (all the pairs);
-    # the pairs are taken out of the sampled neighbourhoods after it.
-    from gbrun.graphbolt import gb
-
-    monkeypatch.setattr(
-        gb, "DistributedItemSampler",
-        lambda item_set, batch_size, drop_last, shuffle, drop_uneven_inputs:
-        gb.ItemSampler(item_set, batch_size, drop_last=drop_last,
-                       shuffle=shuffle))
+    # In this process, as one rank of all the pairs.
+    one_rank_item_sampler(monkeypatch)
     module = load(link_copy(tmp_path, 1), "relational_example")
     # GraphBolt's DataLoader pickles the pipeline's classes by module name.
     monkeypatch.setitem(sys.modules, module.__name__, module)

@@ -18,7 +18,10 @@ import gbrun.checkpoint
 import gbrun.records
 import gbrun.stop
 
-from helpers import DISTRIBUTED, NO_GPU, REPO, run_examples, run_gloo_group
+from helpers import (
+    DISTRIBUTED, NO_GPU, REPO, one_rank_item_sampler, run_examples,
+    run_gloo_group,
+)
 
 LINK = os.path.join(REPO, "link_prediction.py")
 NEGATIVES = 50  # of each evaluation pair in conftest.py's link_dataset
@@ -259,16 +262,8 @@ def test_a_training_batch_samples_none_of_its_pairs_nor_their_reverses(
         link_dataset, monkeypatch):
     """Nor, for a directed task (convert_to_ondisk.py --directed), its own
     pairs, while their reverses (other facts) stay."""
-    # In this process, without a process group: GraphBolt's ItemSampler
-    # stands for the DistributedItemSampler of one rank (all the pairs);
-    # the pairs are taken out of the sampled neighbourhoods after it.
-    from gbrun.graphbolt import gb
-
-    monkeypatch.setattr(
-        gb, "DistributedItemSampler",
-        lambda item_set, batch_size, drop_last, shuffle, drop_uneven_inputs:
-        gb.ItemSampler(item_set, batch_size, drop_last=drop_last,
-                       shuffle=shuffle))
+    # In this process, as one rank of all the pairs.
+    one_rank_item_sampler(monkeypatch)
     module = load_link_example()
     # GraphBolt's DataLoader pickles the pipeline's classes by module name.
     monkeypatch.setitem(sys.modules, module.__name__, module)

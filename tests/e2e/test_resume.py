@@ -70,10 +70,10 @@ def check_stopped(run, ckpt):
     return torch.load(ckpt / gbrun.checkpoint.CHECKPOINT_FILE, weights_only=True)
 
 
-def stopped_at_check(check, args, ckpt, env=NO_GPU):
+def stopped_at_check(check, args, ckpt):
     """Runs the example stopped at `check`; returns its output and its
     checkpoint."""
-    run = run_example(args, env={**env, AT_CHECK: str(check)})
+    run = run_example(args, env={**NO_GPU, AT_CHECK: str(check)})
     return run, check_stopped(run, ckpt)
 
 
@@ -91,7 +91,7 @@ def test_sigterm_stops_one_rank_with_two_threads_at_a_step_exactly(
     uninterrupted = run_example(common, env=NO_GPU)
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
     stopped, checkpoint = stopped_at_check(
-        19, [*common, "--checkpoint-dir", ckpt], ckpt, NO_GPU)
+        19, [*common, "--checkpoint-dir", ckpt], ckpt)
     assert (checkpoint["epoch"], checkpoint["step"]) == (0, 20)
     assert len(checkpoint["partial"]) == 1
     assert stop_message(signal.SIGTERM, ckpt, 0, 20) in (

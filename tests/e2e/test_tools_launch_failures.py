@@ -23,7 +23,7 @@ import pytest
 
 from helpers import (
     DISTRIBUTED, JOB_TIMEOUT_S, TRAIN_ARGS, TRAINER_BOUND_S, edited_copy, gone,
-    marked, start_launcher, wait_for_output,
+    marked, partition_here, start_launcher, wait_for_output,
 )
 from helpers import SCRIPT as MAIN_SCRIPT
 from helpers import finish_launcher as finish
@@ -220,12 +220,7 @@ def test_a_failed_trainer_ends_its_job_under_tools_launch(tmp_path, dataset):
     so must the job's shared memory in /dev/shm (the partition's graph and
     features: DGL unlinks them only in destructors that os._exit skips)."""
     started = time.time()
-    # partition_graph.py's main, here (its command line made this file's
-    # `partitions`): a process of its own would only import torch and DGL.
-    import partition_graph
-
-    partition_graph.main(["--dataset", dataset, "--num-parts", "1", "--out",
-                          str(tmp_path / "one")])
+    partition_here(dataset, tmp_path / "one", num_parts=1)
     from gbrun.dgl_engine.machine import start_one_machine
 
     marker = f"LAUNCH_TEST={os.getpid()}".encode()
