@@ -147,6 +147,8 @@ class DistLoader(BatchSource):
         sampled = node_dataloader_class()(
             self.g, nids, self.sampler, batch_size=size, shuffle=False,
             drop_last=False)
+        if len(parts) == 1:  # one type, as every training pass
+            sampled = in_request_order(sampled, *parts[0], size)
 
         def each():
             for index, (input_nodes, seeds, blocks) in enumerate(sampled, step):
@@ -161,6 +163,28 @@ class DistLoader(BatchSource):
                 yield self.batch(input_nodes, seeds, blocks)
 
         return each(), total
+
+
+def in_request_order(sampled, ntype, ids, size):
+    """The batches of `sampled` (DGL's distributed loader over the nodes
+    `ids` of one type, `ntype` or None for a graph of one, `size` seeds a
+    batch, not shuffled) in the order they were asked for. With several
+    sampler processes DGL 2.1 hands them out as they finish (one result
+    queue for all, dist_context.py), and a resumed pass skips what the
+    stopped one trained by position: out of order, it would train some
+    nodes twice and skip others. A batch is known by its first seed."""
+    index_of = {int(first): index for index, first in enumerate(ids[::size])}
+    waiting, expected = {}, 0
+    for batch in sampled:
+        seeds = batch[1] if ntype is None else batch[1][ntype]
+        waiting[index_of[int(seeds[0])]] = batch
+        while expected in waiting:
+            yield waiting.pop(expected)
+            expected += 1
+    if waiting:
+        raise RuntimeError(
+            f"DGL's loader handed out batches {sorted(waiting)} of a pass "
+            f"but not batch {expected}")
 
 
 def node_dataloader_class():
