@@ -114,8 +114,10 @@ def plan_run(args, gpus, num_workers, env=os.environ, machine=None,
     if args.seed is not None and num_workers > 0:
         notices.append(
             "Note: with --num-workers > 0 sampling runs in worker processes "
-            "that --seed does not reach; runs will differ."
-        )
+            "that --seed does not reach; runs will differ" + (
+                "." if distributed else ", and a resume inside an epoch "
+                "trains some of its nodes twice and others not at all (the "
+                "workers keep the order of the epoch they started in)."))
     compute, compute_notices = choose_compute(args, train_device, machine)
     threads, thread_notices = choose_threads(
         args.threads, train_device, ranks["local_world_size"],

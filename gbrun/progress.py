@@ -35,6 +35,14 @@ from .records import append_metrics
 from .run_state import CheckpointManager, RunState
 
 
+# An unseeded run shuffles each epoch anew, so a resume cannot take up the
+# stopped run's order inside one: said, never silently inexact.
+UNSEEDED_RESUME = (
+    "Note: this run is unseeded, so the rest of epoch {epoch} comes from a "
+    "new shuffle: some of its nodes train twice and others not at all "
+    "(under --seed a resume trains exactly what the stopped run left).")
+
+
 class Progress:
     """One rank's run: where it starts (`start`, a gbrun.checkpoint.Start),
     what it restores and saves (`states`: objects with state_dict() and
@@ -70,6 +78,8 @@ class Progress:
                 at = f"epoch {self.start_epoch}" + (
                     f", step {self.start_step}" if self.start_step else "")
                 print(f"Resuming from {start.checkpoint_dir} at {at}.")
+                if self.start_step and start.seed is None:
+                    print(UNSEEDED_RESUME.format(epoch=self.start_epoch))
 
     def epochs(self, train_loader):
         """Yields (epoch, its batches) for every epoch left to train. After

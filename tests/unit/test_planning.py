@@ -272,3 +272,17 @@ def test_a_graph_server_refuses_a_machine_with_too_few_gpus(tmp_path,
     # With one trainer a machine it plans as that trainer would.
     assert trainer.plan_devices(args, {**server, "DGL_NUM_CLIENT": "2"}
                                 ).devices == ["cuda:0"]
+
+
+def test_seeded_worker_processes_are_a_notice_that_says_what_a_resume_does():
+    # GraphBolt's worker processes keep the order of the epoch they started
+    # in, so on one machine a resume inside an epoch is not exact: said.
+    args = ["--gpu=0", "--seed", "1", "--num-workers", "2"]
+    [notice] = [n for n in plan(args).notices if "--num-workers" in n]
+    assert notice.endswith("trains some of its nodes twice and others not at "
+                           "all (the workers keep the order of the epoch they "
+                           "started in).")
+    [notice] = [n for n in trainer_plan(args).notices if "--num-workers" in n]
+    assert notice.endswith("runs will differ.")
+    assert not [n for n in plan(["--gpu=0", "--num-workers", "2"]).notices
+                if "--num-workers" in n]

@@ -218,3 +218,25 @@ def test_progress_may_be_made_before_or_after_ddp(tmp_path, small_dataset):
     saved = torch.load(tmp_path / "ck" / "checkpoint.pt", weights_only=True)
     assert saved["model"] and not any(k.startswith("module.")
                                       for k in saved["model"])
+
+
+@pytest.mark.slow
+def test_an_unseeded_resume_inside_an_epoch_says_it_is_not_exact(
+        tmp_path, small_dataset, capsys, monkeypatch):
+    # Unseeded, an epoch's order is a new shuffle in the resumed run: the
+    # resume says so in one line instead of being silently inexact.
+    from gbrun import stop
+    from gbrun.progress import UNSEEDED_RESUME
+
+    argv = ["--dataset", small_dataset, "--gpu=0", "--epochs", "1",
+            "--batch-size", "64", "--fanout", "5,5,5", "--max-batches", "5",
+            "--threads", "1", "--checkpoint-dir", str(tmp_path / "ck")]
+    monkeypatch.setenv(stop.TEST_HOOK, "1")  # stops after step 2
+    with pytest.raises(stop.Stopped):
+        run_in_process(SCRIPT, argv)
+    monkeypatch.delenv(stop.TEST_HOOK)
+    capsys.readouterr()
+    run_in_process(SCRIPT, [*argv, "--resume"])
+    printed = capsys.readouterr().out.splitlines()
+    at = printed.index(f"Resuming from {tmp_path / 'ck'} at epoch 0, step 2.")
+    assert printed[at + 1] == UNSEEDED_RESUME.format(epoch=0)
