@@ -107,9 +107,10 @@ class Partitions(DataSource, ServedGraph):
         makes its training loader at the same point)."""
         num_batches = None
         if is_train:
-            count = torch.tensor(num_items(nids) // batch_size)
+            # On the trainer's device: a GPU trainer's group is NCCL alone.
+            count = torch.tensor(num_items(nids) // batch_size, device=device)
             dist.all_reduce(count, op=dist.ReduceOp.MIN)
-            num_batches = int(count)
+            num_batches = count.item()
         return DistLoader(
             self.g, nids, fanout, batch_size, feature_keys, label_key, device,
             self.heartbeat, num_batches, self.dtype, self.target,

@@ -39,6 +39,7 @@ def same_device_collectives(monkeypatch, module):
         all_reduce=lambda tensor, **kw: check(tensor),
         reduce=lambda tensor, dst=0, **kw: check(tensor),
         get_world_size=lambda: 2,
+        get_rank=lambda: 1,
         ReduceOp=dist.ReduceOp,
     )
     monkeypatch.setattr(module, "dist", fake)
@@ -70,6 +71,22 @@ def test_collectives_keep_every_tensor_on_the_ranks_device(monkeypatch):
     seen = gathered + flags + reduced
     assert [len(gathered), len(flags), len(reduced)] == [2, 1, 2]
     assert {t.device for t in seen} == {META}
+
+
+def test_the_engines_batch_count_is_agreed_on_the_trainers_device(
+        monkeypatch, tmp_path):
+    # DGL's distributed engine: the trainers agree on their number of
+    # training batches (a MIN) where a GPU trainer's NCCL group can.
+    from gbrun.dgl_engine import partitions
+
+    seen = same_device_collectives(monkeypatch, partitions)
+    monkeypatch.setattr(torch.Tensor, "item", lambda tensor: 3)
+    config = tmp_path / "graph.json"
+    config.write_text('{"node_map": {"_N": [[0, 10]]}}')
+    data = partitions.Partitions("graph", str(config))
+    loader = data.dataloader(torch.arange(10), True, 2, [5], ["feat"],
+                             "label", META)
+    assert loader.num_batches == 3 and [t.device for t in seen] == [META]
 
 
 def _stop_flags(rank, checks):
