@@ -43,6 +43,15 @@ UNSEEDED_RESUME = (
     "(under --seed a resume trains exactly what the stopped run left).")
 
 
+def say_resumed(start, epoch, step):
+    """Where a resumed run starts (rank 0's line), and a note where it
+    cannot train exactly what the stopped run left."""
+    at = f"epoch {epoch}" + (f", step {step}" if step else "")
+    print(f"Resuming from {start.checkpoint_dir} at {at}.")
+    if step and start.seed is None:
+        print(UNSEEDED_RESUME.format(epoch=epoch))
+
+
 class Progress:
     """One rank's run: where it starts (`start`, a gbrun.checkpoint.Start),
     what it restores and saves (`states`: objects with state_dict() and
@@ -73,13 +82,8 @@ class Progress:
         self.saved = False  # whether save_epoch saved it
         self.optimizer_steps = OptimizerSteps(self.states)
         # A run that only predicts said so where it started (gbrun.checkpoint).
-        if start.checkpoint is not None and start.trains:
-            if self.rank == 0:
-                at = f"epoch {self.start_epoch}" + (
-                    f", step {self.start_step}" if self.start_step else "")
-                print(f"Resuming from {start.checkpoint_dir} at {at}.")
-                if self.start_step and start.seed is None:
-                    print(UNSEEDED_RESUME.format(epoch=self.start_epoch))
+        if start.checkpoint is not None and start.trains and self.rank == 0:
+            say_resumed(start, self.start_epoch, self.start_step)
 
     def epochs(self, train_loader):
         """Yields (epoch, its batches) for every epoch left to train. After
