@@ -82,33 +82,47 @@ def checked_files(directory, metadata):
             raise MetadataError(f"{name}: a path relative to the dataset "
                                 "directory is expected")
         relative = os.path.normpath(path)
-        full = os.path.realpath(os.path.join(root, relative))
-        if relative.split(os.sep)[0] == os.pardir or os.path.commonpath(
-                [root, full]) != root:
-            raise MetadataError(f"{name} leads outside the dataset directory")
-        linked = next((part for part in _prefixes(root, relative)
-                       if os.path.islink(part)), None)
-        if linked is not None:
+        try:
+            check_file(root, relative, name, fmt, seen)
+        except OSError as error:
+            # A path changed between two of the checks' calls (a directory
+            # swapped while it is checked): refused, never a traceback.
             raise MetadataError(
-                f"{name} goes through the symlink {os.path.relpath(linked, root)}: "
-                "gbrun follows no link inside a dataset (one could be swapped for "
-                "another while it reads); put the file itself there")
-        if relative.split(os.sep)[0] == PREPROCESSED:
-            raise MetadataError(
-                f"{name} lies under {PREPROCESSED}/, where GraphBolt writes its "
-                "copy of the dataset; move it elsewhere in the dataset")
-        if not os.path.isfile(full):
-            raise MetadataError(f"{name}: no such file in the dataset")
-        status = os.stat(full)
-        first, first_name = seen.setdefault((status.st_dev, status.st_ino),
-                                            (relative, name))
-        if first != relative:  # another path to the same file (a link)
-            raise MetadataError(f"{name} is the file {first_name} names too "
-                                "(a link): name each file by one path")
-        if fmt == "numpy":
-            check_npy(full, name)
+                f"{name} changed while gbrun checked it ({error.strerror}); "
+                "is something rewriting the dataset?") from None
         files[relative] = where
     return files
+
+
+def check_file(root, relative, name, fmt, seen):
+    """checked_files' checks of one entry, the file `relative` to `root`
+    that `name` names in format `fmt`; `seen`: {(device, inode): (path,
+    name)} of the entries before it."""
+    full = os.path.realpath(os.path.join(root, relative))
+    if relative.split(os.sep)[0] == os.pardir or os.path.commonpath(
+            [root, full]) != root:
+        raise MetadataError(f"{name} leads outside the dataset directory")
+    linked = next((part for part in _prefixes(root, relative)
+                   if os.path.islink(part)), None)
+    if linked is not None:
+        raise MetadataError(
+            f"{name} goes through the symlink {os.path.relpath(linked, root)}: "
+            "gbrun follows no link inside a dataset (one could be swapped for "
+            "another while it reads); put the file itself there")
+    if relative.split(os.sep)[0] == PREPROCESSED:
+        raise MetadataError(
+            f"{name} lies under {PREPROCESSED}/, where GraphBolt writes its "
+            "copy of the dataset; move it elsewhere in the dataset")
+    if not os.path.isfile(full):
+        raise MetadataError(f"{name}: no such file in the dataset")
+    status = os.stat(full)
+    first, first_name = seen.setdefault((status.st_dev, status.st_ino),
+                                        (relative, name))
+    if first != relative:  # another path to the same file (a link)
+        raise MetadataError(f"{name} is the file {first_name} names too "
+                            "(a link): name each file by one path")
+    if fmt == "numpy":
+        check_npy(full, name)
 
 
 def _prefixes(root, relative):

@@ -225,6 +225,27 @@ def test_a_symlink_leading_out_of_the_dataset_is_refused(tmp_path):
         metadata.checked_files(str(dataset), metadata.read_metadata(str(dataset)))
 
 
+def test_a_path_that_changes_while_it_is_checked_is_one_line(
+        tmp_path, monkeypatch):
+    # The swap test below met it once in a CI run: os.path.realpath saw a
+    # symlink, then readlink a directory (EINVAL). Any OSError of the
+    # checks is the same refusal, whichever call meets the change.
+    import errno
+
+    dataset = write_dataset(tmp_path / "x")
+
+    def changed(path, name):
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), path)
+
+    monkeypatch.setattr(metadata, "check_npy", changed)
+    with pytest.raises(UsageError) as refused:
+        gbrun.data.datasets.load_dataset(str(dataset))
+    assert str(refused.value).endswith(
+        "changed while gbrun checked it (Invalid argument); is something "
+        "rewriting the dataset?")
+    assert "metadata.yaml's " in str(refused.value)
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda root: os.symlink(root.parent / "real", root),
      "is a symlink"),
