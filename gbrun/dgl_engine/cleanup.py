@@ -46,11 +46,24 @@ def fail_fast(graph_name, flush=True):
 DGL_SEGMENT = re.compile(r"-kvdata-$|^dgl\.graphbolt\.")
 
 
+def partition_book_paths(graph_name):
+    """The partition book's metadata, which each graph server writes to
+    shared memory and its trainers read once at start-up, then no longer
+    map (dgl v2.1.0, graph_partition_book.py, _move_metadata_to_shared_mem).
+    A server that DGL itself aborts (its sender thread, replying to a
+    sampler just killed: `send error: Broken pipe`) unlinks nothing, so the
+    failing trainers unlink these by name too."""
+    return [f"/dev/shm/{graph_name}_node_meta",
+            f"/dev/shm/{graph_name}_node_node_map",
+            f"/dev/shm/{graph_name}_edge_edge_map"]
+
+
 def unlink_job_memory(graph_name):
     """Unlinks the POSIX shared memory (/dev/shm) of the job that this
     process maps or holds open: the partition's graph, its partition book,
     its features and DistTensors, named after `graph_name` or as DGL names
-    them. DGL unlinks them only in destructors or in its own SIGTERM handler
+    them, and its partition book's metadata (partition_book_paths). DGL
+    unlinks them only in destructors or in its own SIGTERM handler
     (dgl v2.1.0, src/runtime/shared_mem.cc and src/rpc/rpc.cc), which an
     os._exit or a killed process skips: each failed job would hold a
     partition's worth of memory until the machine reboots. Unlinking only
@@ -62,6 +75,7 @@ def unlink_job_memory(graph_name):
         names |= {f.path for f in me.open_files()}
     except psutil.Error:
         return []
+    names |= set(partition_book_paths(graph_name))
     unlinked = []
     for path in sorted(names):
         name = path[len("/dev/shm/"):]
