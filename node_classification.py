@@ -512,7 +512,7 @@ def main(argv=None):
     args = parse_args(argv)
     # Plans devices (bad input: one line, exit 2, nothing spawned), loads the
     # dataset once with load_job, and runs `run` in one process per device
-    # (mp.spawn), or as this torchrun process's rank.
+    # (started by this process), or as this torchrun process's rank.
     launch.launch_ranks(run, load_job, args, args.gpu, args.num_workers)
 
 

@@ -80,8 +80,8 @@ Validation and test are cut to N batches as well. What each column means:
                 dataset)
   rank USS      peak memory unique to one rank (largest rank): its heap,
                 not the graph and features it shares with the others
-  launcher      peak USS of the process that ran mp.spawn (it loaded the
-                dataset and waits)
+  launcher      peak USS of the launcher process (it loaded the dataset and
+                waits)
   start s       from the command to the first training batch (epoch 0); with
                 --repeat, the quickest of the repetitions
   load          1-minute load average before the run (the machine may be shared)
@@ -239,7 +239,7 @@ def script_command(args, ranks, threads, workers, precision, dropout,
 
 
 # ---------------------------------------------------------------- measuring
-def measure(command, env, interval, timeout, roles, log_dir):
+def measure(command, env, interval, timeout, root_role, log_dir):
     """Run `command`, sampling its process tree until it exits, and reading
     the epoch records it appends to log_dir/metrics.jsonl as they come.
     Returns (epoch records with their arrival times, samples, launch time,
@@ -270,7 +270,7 @@ def measure(command, env, interval, timeout, roles, log_dir):
             # but the timed one; CPU times cost microseconds.
             read_records(metrics, records)
             timed = epochs_done(records) == EPOCHS - 1
-            samples.append(sample_tree(root, roles, memory=not timed))
+            samples.append(sample_tree(root, root_role, memory=not timed))
             time.sleep(interval)
         read_records(metrics, records)
         stderr.seek(0)
@@ -296,7 +296,7 @@ def epochs_done(records):
     return sum(1 for record in records if "train_time" in record)
 
 
-def sample_tree(root, roles, memory=True):
+def sample_tree(root, root_role, memory=True):
     """One look at the tree: total CPU times and, if `memory`, PSS/USS per
     process with its role (launcher, rank or worker)."""
     procs = [] if memory else None
@@ -312,7 +312,7 @@ def sample_tree(root, roles, memory=True):
                 info = process.memory_full_info()
                 procs.append({
                     "pid": process.pid,
-                    "role": process_role(root, process, roles),
+                    "role": process_role(root, process, root_role),
                     "pss": info.pss,
                     "uss": info.uss,
                 })
@@ -323,19 +323,25 @@ def sample_tree(root, roles, memory=True):
     return sample
 
 
-def process_role(root, process, roles):
-    """`roles` says what the root is ("rank" for the bare loop, which trains
-    in the root itself, else "launcher") and how to spot a rank among its
-    children (mp.spawn: spawn_main; torchrun: the script's path). Anything
-    below a rank is one of its data loader workers."""
-    root_role, rank_marker = roles
+def process_role(root, process, root_role):
+    """A process of the measured tree: the root is `root_role` ("rank" for
+    the bare loop, which trains in the root itself, else "launcher"); a
+    rank is titled "[rank N] ..." (gbrun.launch.run_rank titles every rank:
+    the launcher's fork from multiprocessing's fork server, torchrun's are
+    its children), unlike its parent (a worker forked from a rank inherits
+    the title); the root's other children are helpers (the fork server,
+    the resource tracker); anything else is a data loader worker."""
     if process.pid == root.pid:
         return root_role
+    if titled_rank(process) and not titled_rank(process.parent()):
+        return "rank"
     if process.ppid() == root.pid:
-        if rank_marker and rank_marker in " ".join(process.cmdline()):
-            return "rank"
-        return "helper"  # e.g. multiprocessing's resource tracker
+        return "helper"
     return "worker"
+
+
+def titled_rank(process):
+    return process is not None and " ".join(process.cmdline()).startswith("[rank ")
 
 
 def cpu_at(samples, moment):
@@ -786,16 +792,11 @@ def run_once(args, run):
     env.update(run.env)
     if args.wait_for_load is not None:
         wait_for_load(args.wait_for_load, deadline=time.time() + 600)
-    if not run.ranks:
-        roles = ("rank", None)
-    elif args.launcher == "torchrun":
-        roles = ("launcher", args.example)
-    else:
-        roles = ("launcher", "spawn_main")
+    root_role = "launcher" if run.ranks else "rank"
     shutil.rmtree(run.log_dir, ignore_errors=True)  # a repetition's own
     load_before = os.getloadavg()[0]
     epochs, samples, launched, code, tail = measure(
-        run.command, env, args.interval, args.timeout, roles, run.log_dir
+        run.command, env, args.interval, args.timeout, root_role, run.log_dir
     )
     record = {
         "name": run.name,

@@ -12,7 +12,7 @@ The rank runtime, which the example's run() and loop reach:
     planning    the launch plan (a Plan): devices, backend, world size,
                 rendezvous, threads (plan_run), decided once from what a
                 Machine has
-    launch      mp.spawn and torchrun, the Job every rank gets, a rank's
+    launch      the launcher and torchrun, the Job every rank gets, a rank's
                 lifecycle (run_rank)
     stop        SIGTERM/SIGINT: every rank stops at one step, resumably
     collectives the process group's barrier and teardown, as torch 2.2

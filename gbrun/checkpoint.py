@@ -107,7 +107,8 @@ def start_or_resume(args, key, plan, epochs, lock=None):
     that only training reads (TRAINING_KEYS) are not compared; it may
     predict on another dataset, said in one line. Takes the checkpoint
     directory's lock (DirectoryLock) where `lock`, by default in the
-    process of global rank 0 (the launcher under mp.spawn), which writes
+    process of global rank 0 (the launcher, where it started the ranks),
+    which writes
     the checkpoints."""
     key = dict(key, dropout="fused" if plan.fused_dropout else "torch")
     predict = getattr(args, "predict", None)

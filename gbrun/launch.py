@@ -1,5 +1,6 @@
 """Both launchers and a rank's lifecycle: launch_ranks starts one process
-per device with mp.spawn (the job loaded once, in the parent), or runs this
+per device (the job loaded once, in the parent; CPU ranks fork from
+multiprocessing's fork server, GPU ranks are spawned), or runs this
 process as one rank under torchrun (the job loaded by the ranks in turn).
 Each rank runs the example's `run(rank, plan, args, job)` through run_rank,
 which installs the rank's stop signal, reports its failure once, waits for
@@ -105,11 +106,13 @@ def spawn(run, plan, args, job):
             prefix=f"{RENDEZVOUS}{os.getpid()}-") as meeting:
         plan = dataclasses.replace(plan, init_method=f"file://{meeting}/store")
         os.environ.update(plan.rank_env, GBRUN_COMMAND=launch_command())
-        stop_request = mp.get_context("spawn").Value("i", 0)
+        start_method = rank_start_method(plan)
+        stop_request = mp.get_context(start_method).Value("i", 0)
         ranks = SimpleNamespace(processes=[])
         # From here on a signal is a stop request, also while the ranks start:
         # they are born with SIGINT and SIGTERM blocked (the mask survives
-        # exec), so that a Ctrl-C during their imports cannot kill one of them
+        # exec, and a fork: the fork server, started now, has it too), so
+        # that a Ctrl-C during their start cannot kill one of them
         # (torch's spawn wrapper would exit 0, and the others would wait for it)
         # but reaches them once they handle it (StopSignal).
         stop.relay_stop_signals(ranks, stop_request)
@@ -121,12 +124,13 @@ def spawn(run, plan, args, job):
         stop_signals = {signal.SIGINT, signal.SIGTERM}
         signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
         try:
-            context = mp.spawn(
+            context = mp.start_processes(
                 run_rank,
                 args=(run, plan, args, job, stop_request, None, None,
                       os.getpid()),
                 nprocs=plan.world_size,
                 join=False,
+                start_method=start_method,
             )
             ranks.processes = context.processes
         finally:
@@ -147,6 +151,27 @@ def spawn(run, plan, args, job):
             sys.exit(f"error: training failed: {error}")
         # Every rank ended well: done, also if a signal came too late to stop
         # training (during the last epoch's validation or the test).
+
+
+# What the fork server imports before it forks a CPU rank: the example
+# (torch, DGL, torchmetrics, gbrun) and torch._dynamo, which torch 2.2's
+# optimizers import at their first call.
+FORK_SERVER_PRELOAD = ["__main__", "torch._dynamo"]
+
+
+def rank_start_method(plan):
+    """How the ranks start. CPU ranks fork from multiprocessing's fork
+    server, a fresh process that imports FORK_SERVER_PRELOAD once and runs
+    nothing else (no thread pool, nothing of the job, which each rank
+    receives as a spawned one does): a rank then starts at once instead of
+    after 4-5 s of CPU importing the same modules again. GPU ranks are
+    spawned, as upstream's are: a process must not fork once CUDA is
+    initialised, and DGL's CUDA build, which cannot be tried here, might
+    touch it on import."""
+    if plan.backend == "nccl":
+        return "spawn"
+    mp.get_context("forkserver").set_forkserver_preload(FORK_SERVER_PRELOAD)
+    return "forkserver"
 
 
 def refused_by_every_rank(processes):
@@ -183,7 +208,8 @@ RANK_GRACE_S = 10
 
 
 def join_ranks(context, grace_s=RANK_GRACE_S):
-    """mp.spawn's join, raising as it does when a rank failed, and sure to
+    """torch's join of started processes, raising as it does when a rank
+    failed, and sure to
     end the other ranks then: join() only sends them SIGTERM, which a rank
     takes as a stop request, and waits for them, so a rank hung after its
     peer died (in gloo's teardown, say) would keep the job alive for ever.
@@ -231,6 +257,11 @@ def run_rank(rank, run, plan, args, job, stop_request=None, on_failure=None,
     launcher's pid, or torchrun's agent) and shows in `ps` as the launch's
     command line, after its rank."""
     die_with_parent(parent)
+    if mp.get_start_method() == "forkserver":
+        # Its DataLoader workers start as its own children, as a spawned
+        # rank's do, not from the fork server: torch's workers end when
+        # their parent does, and the server outlives a killed rank.
+        mp.set_start_method("spawn", force=True)
     show_in_ps(f"[rank {rank}] {launch_command()}")
     if report is None:
         report = threading.Lock()
@@ -271,12 +302,25 @@ def die_with_parent(parent_pid=None):
     """This process gets SIGKILL when its parent dies (a launcher the OOM
     killer chose, a closed terminal, torchrun's agent, a trainer whose DGL
     sampler this is), instead of training on and writing checkpoints that
-    a new job on the same directory would race. Exits at once where
-    `parent_pid` is given and already gone."""
+    a new job on the same directory would race. `parent_pid`: the
+    launcher's pid, for its ranks; exits at once where it is already gone.
+    A CPU rank's parent is multiprocessing's fork server, which outlives
+    the launcher as long as a rank runs (each holds the server's pipe), so
+    such a rank watches the launcher itself: multiprocessing's
+    parent_process(), whose pipe closes when the launcher dies."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if parent_pid is not None and os.getppid() != parent_pid:
+    if parent_pid is None or os.getppid() == parent_pid:
+        return
+    launcher = multiprocessing.parent_process()
+    if launcher is None or launcher.pid != parent_pid or not launcher.is_alive():
         os._exit(1)
+
+    def die_with_launcher():
+        launcher.join()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=die_with_launcher, daemon=True).start()
 
 
 def show_in_ps(title):

@@ -32,9 +32,9 @@ class Plan:
     local_rank: int
     local_world_size: int
     devices: list  # device strings, indexed by rank - rank_offset
-    # The rendezvous: "env://" under torchrun; with mp.spawn, where
-    # init_method is None, launch.spawn makes a file:// store in a private
-    # directory (plan_run changes nothing on the machine).
+    # The rendezvous: "env://" under torchrun; with the launcher's ranks,
+    # where init_method is None, launch.spawn makes a file:// store in a
+    # private directory (plan_run changes nothing on the machine).
     init_method: str
     threads: int
     autocast: bool  # bf16 autocast in the forward pass

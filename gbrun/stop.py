@@ -44,11 +44,11 @@ class StopSignal:
     that ran out of batches keeps answering (answer(), called by the join
     hook of gbrun.progress's epoch batches).
 
-    With mp.spawn the launcher receives the signal (a Ctrl-C reaches every
-    process, so ranks ignore SIGINT) and passes it on in `stop_request`, a
-    shared integer; a rank also takes a SIGTERM of its own (a scheduler
-    that signals every process of the job). Under torchrun each rank
-    receives the signal itself.
+    Where the launcher started the ranks, it receives the signal (a Ctrl-C
+    reaches every process, so ranks ignore SIGINT) and passes it on in
+    `stop_request`, a shared integer; a rank also takes a SIGTERM of its
+    own (a scheduler that signals every process of the job). Under
+    torchrun each rank receives the signal itself.
 
     For tests, TEST_SIGTERM_AT_CHECK=N in the environment makes the first
     process to reach its Nth check act as if SIGTERM had arrived just before
@@ -63,7 +63,7 @@ class StopSignal:
         self.test_signal_at = int(os.environ.get(TEST_HOOK, "0"))
         self.pending = None  # the last flag, on its way to the host
         signal.signal(signal.SIGTERM, self._receive)
-        # With mp.spawn a Ctrl-C reaches every process, and the launcher
+        # With the launcher's ranks a Ctrl-C reaches every process, and it
         # relays it: a rank ignores its own copy.
         signal.signal(signal.SIGINT, signal.SIG_IGN if stop_request is not None
                       else self._receive)

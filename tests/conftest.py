@@ -150,10 +150,13 @@ def nothing_spawned(monkeypatch):
     come before any process is started)."""
     import gbrun.launch
 
-    def spawn(*args, **kwargs):
-        pytest.fail("ranks were spawned for input that is refused")
+    def start(*args, **kwargs):
+        pytest.fail("ranks were started for input that is refused")
 
-    monkeypatch.setattr(gbrun.launch.mp, "spawn", spawn)
+    # gbrun.launch starts the ranks with start_processes (mp.spawn is it
+    # with the spawn method).
+    monkeypatch.setattr(gbrun.launch.mp, "start_processes", start)
+    monkeypatch.setattr(gbrun.launch.mp, "spawn", start)
 
 
 # --- Simulated machines (tests/e2e/test_distributed_*.py and

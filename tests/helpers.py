@@ -168,13 +168,11 @@ def gone(pid):
 
 
 def spawned_ranks(launcher):
-    """The pids of a launcher's ranks, rank 0 first (mp.spawn starts them in
-    order)."""
-    # A rank's command line is multiprocessing's spawn_main until it sets
-    # its title: "[rank N] <the launch command>".
-    ranks = [child for child in psutil.Process(launcher).children()
-             if re.search(r"spawn_main|^\[rank \d+\] ",
-                          " ".join(child.cmdline()))]
+    """The pids of a launcher's ranks, rank 0 first (the launcher starts
+    them in order): the children of its fork server."""
+    servers = [child for child in psutil.Process(launcher).children()
+               if "multiprocessing.forkserver" in " ".join(child.cmdline())]
+    ranks = [rank for server in servers for rank in server.children()]
     return [rank.pid for rank in sorted(ranks, key=lambda p: p.create_time())]
 
 

@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 import gbrun.checkpoint
+import gbrun.launch
 
 from helpers import (
     cpu_plan,
@@ -119,10 +120,12 @@ def report(who, job):
 
 def listeners():
     # Every listening inet socket of the job (the launcher and all its
-    # children), once the ranks have met: they evaluate after training.
+    # descendants), once the ranks have met: they evaluate after training.
+    import multiprocessing
+
     import psutil
 
-    job = psutil.Process(os.getppid())
+    job = psutil.Process(multiprocessing.parent_process().pid)
     sockets = []
     for process in [job, *job.children(recursive=True)]:
         sockets += [c.laddr.ip for c in process.net_connections("inet")
@@ -135,7 +138,12 @@ def run(rank, plan, args, job):
     evaluate = nc.evaluate
 
     def reporting_evaluate(*args, **kwargs):
-        sys.stdout.write(f"listening on {listeners()}\\n")
+        import psutil
+
+        # The training loader's worker (persistent) runs by now.
+        workers = [" ".join(p.cmdline()) for p in psutil.Process().children()]
+        sys.stdout.write(f"listening on {listeners()}\\n"
+                         f"workers of rank {rank}: {workers}\\n")
         sys.stdout.flush()
         nc.evaluate = evaluate
         return evaluate(*args, **kwargs)
@@ -252,6 +260,14 @@ def test_one_worker_process_per_rank_trains(tiny_eval_run):
     result, _, _ = tiny_eval_run
     check_upstream_output(result, epochs=3)
     assert "--num-workers > 0" in result.stdout  # the seed's notice
+    # Each rank's worker is its own child, spawned: a worker forked by the
+    # fork server the ranks come from would outlive a killed rank.
+    workers = [line for line in result.stdout.splitlines()
+               if line.startswith("workers of rank ")]
+    assert len(workers) == 2, result.stdout
+    for line in workers:
+        commands = eval(line.split(": ", 1)[1])
+        assert len(commands) == 1 and "spawn_main" in commands[0], line
 
 
 @pytest.mark.parametrize("rank", ["0", "1"])
@@ -363,6 +379,10 @@ def test_a_killed_launcher_takes_its_ranks_and_their_memory_with_it(
         read_until(job, r"(?m)^Epoch 00000", 120)
         ranks = spawned_ranks(job.pid)
         assert len(ranks) == 2
+        # They forked from a fork server that imported the example and
+        # torch._dynamo first.
+        server = " ".join(psutil.Process(ranks[0]).parent().cmdline())
+        assert str(gbrun.launch.FORK_SERVER_PRELOAD) in server, server
         # Each rank shows its rank and the launch command in ps, and its
         # environment stays readable (tools find jobs by it).
         for rank, pid in enumerate(ranks):

@@ -16,6 +16,7 @@ import torch.distributed as dist
 import gbrun.sources
 from gbrun import launch, planning
 import node_classification as nc
+from helpers import cpu_plan
 
 
 def test_a_later_launch_removes_the_rendezvous_a_killed_one_left(tmp_path):
@@ -83,3 +84,13 @@ def test_torchrun_ranks_outwait_a_slow_first_load(tmp_path):
     finally:
         for process in context.processes:
             process.kill()
+
+
+def test_cpu_ranks_fork_from_the_fork_server_and_gpu_ranks_are_spawned():
+    # A GPU rank must not come from a fork: the server would have imported
+    # DGL's CUDA build, which may touch CUDA on import.
+    plan = cpu_plan(nc.parse_args(["--dataset", "x"]), 2)
+    assert plan.backend == "gloo"
+    assert launch.rank_start_method(plan) == "forkserver"
+    gpu_plan = dataclasses.replace(plan, backend="nccl")
+    assert launch.rank_start_method(gpu_plan) == "spawn"
