@@ -107,6 +107,9 @@ def spawn(run, plan, args, job):
         plan = dataclasses.replace(plan, init_method=f"file://{meeting}/store")
         os.environ.update(plan.rank_env, GBRUN_COMMAND=launch_command())
         start_method = rank_start_method(plan)
+        if start_method == "forkserver":
+            mp.get_context(start_method).set_forkserver_preload(
+                FORK_SERVER_PRELOAD)
         stop_request = mp.get_context(start_method).Value("i", 0)
         ranks = SimpleNamespace(processes=[])
         # From here on a signal is a stop request, also while the ranks start:
@@ -168,10 +171,7 @@ def rank_start_method(plan):
     spawned, as upstream's are: a process must not fork once CUDA is
     initialised, and DGL's CUDA build, which cannot be tried here, might
     touch it on import."""
-    if plan.backend == "nccl":
-        return "spawn"
-    mp.get_context("forkserver").set_forkserver_preload(FORK_SERVER_PRELOAD)
-    return "forkserver"
+    return "spawn" if plan.backend == "nccl" else "forkserver"
 
 
 def refused_by_every_rank(processes):
@@ -209,10 +209,10 @@ RANK_GRACE_S = 10
 
 def join_ranks(context, grace_s=RANK_GRACE_S):
     """torch's join of started processes, raising as it does when a rank
-    failed, and sure to
-    end the other ranks then: join() only sends them SIGTERM, which a rank
-    takes as a stop request, and waits for them, so a rank hung after its
-    peer died (in gloo's teardown, say) would keep the job alive for ever.
+    failed, and sure to end the other ranks then: join() only sends them
+    SIGTERM, which a rank takes as a stop request, and waits for them, so a
+    rank hung after its peer died (in gloo's teardown, say) would keep the
+    job alive for ever.
     Once a rank has failed the others get `grace_s`, then SIGKILL. A rank
     that stopped on a signal (128 + its number) is not a failure: the
     others, stopping at the same step, get `grace_s` to end on their own
