@@ -40,11 +40,19 @@ def test_a_later_launch_removes_the_rendezvous_a_killed_one_left(tmp_path):
 
 
 def _slow_first_load(rank, out_dir):
-    """A torchrun rank whose process group gives up after 1 s, while rank 0
-    takes 3 s to load the dataset (a first download, say)."""
+    """A torchrun rank whose process group gives up after 3 s, while rank 0
+    takes 6 s to load the dataset (a first download, say)."""
     import time
 
     import torch.multiprocessing as mp
+
+    # Both ranks arrive before the group is made: its timeout also bounds
+    # the rendezvous, and one rank may finish its imports seconds after
+    # the other on a loaded machine (seen once: "Wait timeout").
+    open(os.path.join(out_dir, f"arrived-{rank}"), "w").close()
+    while not all(os.path.exists(os.path.join(out_dir, f"arrived-{r}"))
+                  for r in range(2)):
+        time.sleep(0.05)
 
     mp.set_sharing_strategy("file_system")
     env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
@@ -54,10 +62,10 @@ def _slow_first_load(rank, out_dir):
         plan, load_timeout=datetime.timedelta(seconds=60))
     dist.init_process_group(
         "gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank,
-        world_size=2, timeout=datetime.timedelta(seconds=1))
+        world_size=2, timeout=datetime.timedelta(seconds=3))
     try:
         def load_job(args, world_size):
-            time.sleep(3)
+            time.sleep(6)
             return types.SimpleNamespace(dataset=None,
                                          feature=torch.arange(4.0))
 
@@ -74,7 +82,7 @@ def test_torchrun_ranks_outwait_a_slow_first_load(tmp_path):
     import torch.multiprocessing as mp
 
     # The wait for rank 0's load runs over gloo with plan.load_timeout, not
-    # with the process group's (NCCL's 10 minutes; 1 s here).
+    # with the process group's (NCCL's 10 minutes; 3 s here).
     context = mp.spawn(_slow_first_load, args=(str(tmp_path),), nprocs=2,
                        join=False)
     deadline = time.monotonic() + 120
