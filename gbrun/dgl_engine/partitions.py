@@ -119,8 +119,8 @@ class Partitions(DataSource, ServedGraph):
 
 class DistOutputs(LayerOutputs):
     """gbrun.predicting's layer outputs of every node on DGL's distributed
-    engine: this trainer's even share of all nodes (`item_set`), and each
-    layer's outputs in a DistTensor on the graph servers, as DGL's
+    engine: this trainer's share of its own machine's nodes (`item_set`),
+    and each layer's outputs in a DistTensor on the graph servers, as DGL's
     distributed example infers (one tensor a layer, persistent: DGL deletes
     a tensor with a collective that __del__ would run at any time), read
     back in the dataset's node ids through the partitioner's orig_nids."""
@@ -130,12 +130,17 @@ class DistOutputs(LayerOutputs):
         self.heartbeat = heartbeat
         self.num_nodes = g.num_nodes(ntype)
         self.part_dir = os.path.dirname(part_config)
-        # node_split takes a mask: every node, once, shared evenly (DGL's
-        # example passes np.arange(N), a mask that leaves out node 0).
+        # node_split takes a mask: every node, once (DGL's example passes
+        # np.arange(N), a mask that leaves out node 0). Not force_even, as
+        # DGL's example splits: that share holds nodes of other machines,
+        # and DGL sends a write to another machine's server without waiting
+        # for it, nor does its barrier, so the next layer could read such
+        # rows before they land (as zeros). The machine's own nodes are
+        # written into its shared memory before the trainer's barrier.
         self.item_set = dgl.distributed.node_split(
             torch.ones(self.num_nodes, dtype=torch.bool),
             g.get_partition_book(), ntype=ntype or "_N", rank=dist.get_rank(),
-            force_even=True)
+            force_even=False)
         self.previous, self.layers = None, 0
 
     def read(self, nodes):
