@@ -178,11 +178,15 @@ def spawned_ranks(launcher):
 
 def kill_rank_and_expect_failure(job, rank):
     """SIGKILL one rank of a running job: the launcher must end within 30 s
-    with its "error: training failed: ...", exit status 1."""
+    with its "error: training failed: ...", exit status 1. (What the job
+    writes meanwhile is read, and shown if it ends late: a run here once
+    took 48 s, where 11-15 s is usual.)"""
     os.kill(rank, signal.SIGKILL)
-    killed_at = time.time()
-    assert job.wait(timeout=60) == 1
-    assert time.time() - killed_at < 30
+    killed_at = time.monotonic()
+    _, err, exited = _drain(job, 60)
+    took = time.monotonic() - killed_at
+    assert exited and job.returncode == 1, err[-3000:]
+    assert took < 30, f"ended {took:.1f} s after the kill:\n{err[-3000:]}"
 
 
 def kill_session(process):
