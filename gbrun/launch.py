@@ -8,6 +8,7 @@ the other ranks at the end and tears its process group down.
 """
 import ctypes
 import dataclasses
+import gc
 import multiprocessing.connection
 import os
 import pickle
@@ -27,7 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.reductions import ForkingPickler
 
-from . import sources, stop
+from . import fork_server, sources, stop
 from .collectives import barrier, destroy_process_group
 from .cli import UsageError, fail, is_first_process
 from .planning import plan_run
@@ -72,7 +73,12 @@ def launch_ranks(run, load_job, args, gpus, num_workers, plan=None):
         fail(error, speak=is_first_process())
     except KeyboardInterrupt:
         sys.exit(128 + signal.SIGINT)  # Ctrl-C before anything started
-    spawn(run, plan, args, job)
+    try:
+        spawn(run, plan, args, job)
+    finally:
+        # The interpreter's last collections would walk every object torch
+        # and DGL made (about 1 CPU-s); nothing left at exit needs them.
+        gc.freeze()
 
 
 RENDEZVOUS = "gbrun-rendezvous-"
@@ -106,11 +112,12 @@ def spawn(run, plan, args, job):
             prefix=f"{RENDEZVOUS}{os.getpid()}-") as meeting:
         plan = dataclasses.replace(plan, init_method=f"file://{meeting}/store")
         os.environ.update(plan.rank_env, GBRUN_COMMAND=launch_command())
-        start_method = rank_start_method(plan)
+        start_method = fork_server.rank_start_method(plan)
+        starts = mp.get_context(start_method)
         if start_method == "forkserver":
-            mp.get_context(start_method).set_forkserver_preload(
-                FORK_SERVER_PRELOAD)
-        stop_request = mp.get_context(start_method).Value("i", 0)
+            starts.set_forkserver_preload(
+                fork_server.preload(sys.modules["__main__"]))
+        stop_request = starts.Value("i", 0)
         ranks = SimpleNamespace(processes=[])
         # From here on a signal is a stop request, also while the ranks start:
         # they are born with SIGINT and SIGTERM blocked (the mask survives
@@ -154,24 +161,6 @@ def spawn(run, plan, args, job):
             sys.exit(f"error: training failed: {error}")
         # Every rank ended well: done, also if a signal came too late to stop
         # training (during the last epoch's validation or the test).
-
-
-# What the fork server imports before it forks a CPU rank: the example
-# (torch, DGL, torchmetrics, gbrun) and torch._dynamo, which torch 2.2's
-# optimizers import at their first call.
-FORK_SERVER_PRELOAD = ["__main__", "torch._dynamo"]
-
-
-def rank_start_method(plan):
-    """How the ranks start. CPU ranks fork from multiprocessing's fork
-    server, a fresh process that imports FORK_SERVER_PRELOAD once and runs
-    nothing else (no thread pool, nothing of the job, which each rank
-    receives as a spawned one does): a rank then starts at once instead of
-    after 4-5 s of CPU importing the same modules again. GPU ranks are
-    spawned, as upstream's are: a process must not fork once CUDA is
-    initialised, and DGL's CUDA build, which cannot be tried here, might
-    touch it on import."""
-    return "spawn" if plan.backend == "nccl" else "forkserver"
 
 
 def refused_by_every_rank(processes):

@@ -379,10 +379,12 @@ def test_a_killed_launcher_takes_its_ranks_and_their_memory_with_it(
         read_until(job, r"(?m)^Epoch 00000", 120)
         ranks = spawned_ranks(job.pid)
         assert len(ranks) == 2
-        # They forked from a fork server that imported the example and
-        # torch._dynamo first.
+        # They forked from a fork server that imported the example's
+        # modules and torch._dynamo first (gbrun.fork_server.preload).
         server = " ".join(psutil.Process(ranks[0]).parent().cmdline())
-        assert str(gbrun.launch.FORK_SERVER_PRELOAD) in server, server
+        for module in ("'dgl.graphbolt'", "'torchmetrics'", "'gbrun.launch'",
+                       "'torch._dynamo'", "'gbrun.preloaded']"):
+            assert module in server, server
         # Each rank shows its rank and the launch command in ps, and its
         # environment stays readable (tools find jobs by it).
         for rank, pid in enumerate(ranks):

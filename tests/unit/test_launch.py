@@ -92,13 +92,3 @@ def test_torchrun_ranks_outwait_a_slow_first_load(tmp_path):
     finally:
         for process in context.processes:
             process.kill()
-
-
-def test_cpu_ranks_fork_from_the_fork_server_and_gpu_ranks_are_spawned():
-    # A GPU rank must not come from a fork: the server would have imported
-    # DGL's CUDA build, which may touch CUDA on import.
-    plan = cpu_plan(nc.parse_args(["--dataset", "x"]), 2)
-    assert plan.backend == "gloo"
-    assert launch.rank_start_method(plan) == "forkserver"
-    gpu_plan = dataclasses.replace(plan, backend="nccl")
-    assert launch.rank_start_method(gpu_plan) == "spawn"
