@@ -68,6 +68,7 @@ def exit_when_clients_are_gone(ip, port, grace_s=CLIENTS_GONE_GRACE_S,
 
     def watch():
         listening_since, seen, seen_local, gone_since = None, False, False, None
+        spent = {}
         while True:
             peers = port_peers(port)
             if any(state == psutil.CONN_LISTEN for state, _ in peers):
@@ -83,6 +84,7 @@ def exit_when_clients_are_gone(ip, port, grace_s=CLIENTS_GONE_GRACE_S,
                 gone_since = None
             elif seen:
                 gone_since = gone_since or time.monotonic()
+                spent = idle_spinning_threads(spent, poll_s)
                 if time.monotonic() - gone_since > grace_s:
                     leave("every trainer of this machine has gone without "
                           "shutting the graph servers down (a trainer "
@@ -95,6 +97,37 @@ def exit_when_clients_are_gone(ip, port, grace_s=CLIENTS_GONE_GRACE_S,
             time.sleep(poll_s)
 
     threading.Thread(target=watch, daemon=True, name="clients-gone").start()
+
+
+def idle_spinning_threads(spent, interval_s):
+    """In a graph server whose clients have gone: each thread but the main
+    one and this one that spent over a tenth of the last `interval_s` on a
+    core runs from now on only where nothing else wants one (SCHED_IDLE).
+    Those are DGL's receive threads of a client that died without its stop
+    signal: RecvDataSize loops on the closed socket for ever (v2.1.0's
+    socket_communicator.cc, unchanged through v2.4.0), a core each, until
+    the server leaves; a thread that reads a clean shutdown waits in recv
+    and is left alone. `spent`: {thread id: CPU seconds}, as this call
+    returns it, from the call `interval_s` earlier ({} the first time)."""
+    now = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it ended
+        now[int(tid)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    for tid in now.keys() - {os.getpid(), threading.get_native_id()}:
+        if tid in spent and now[tid] - spent[tid] > interval_s / 10:
+            try:
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            except OSError:
+                pass  # it ended
+    return now
+
+
+# /proc's CPU times are in these units.
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def port_peers(port):

@@ -1,7 +1,12 @@
 """gbrun/dgl_engine/watch.py: a trainer's failure is reported once. The
 trainer's watch (TrainerWatch, which names a dead sampler) and its main
 thread (in gbrun.launch.run_rank) share one report: whichever holds it
-first reports, the other stays silent."""
+first reports, the other stays silent. A graph server whose clients have
+gone lets other processes have the cores its spinning threads take."""
+import os
+import threading
+import time
+
 import pytest
 
 
@@ -53,3 +58,41 @@ def test_a_trainers_failure_is_reported_once(capfd, monkeypatch):
     assert capfd.readouterr().err == (
         "rank 3 failed: its sampler process 1 died; exiting\n")
     assert exits == [("g",)]
+
+
+def test_a_server_idles_the_threads_that_spin_once_its_clients_are_gone():
+    """As DGL's receive thread of a dead client spins: a thread busy on a
+    core goes to SCHED_IDLE; a thread waiting (as one reading a clean
+    shutdown waits in recv), and the main thread, keep their policy."""
+    from gbrun.dgl_engine.watch import idle_spinning_threads
+
+    stop = threading.Event()
+    ids = {}
+
+    def spin():
+        ids["spin"] = threading.get_native_id()
+        while not stop.is_set():
+            pass
+
+    def wait():
+        ids["wait"] = threading.get_native_id()
+        stop.wait()
+
+    threads = [threading.Thread(target=spin), threading.Thread(target=wait)]
+    for thread in threads:
+        thread.start()
+    try:
+        spent = idle_spinning_threads({}, 0.5)
+        time.sleep(0.5)
+        idle_spinning_threads(spent, 0.5)
+        assert os.sched_getscheduler(ids["spin"]) == os.SCHED_IDLE
+        assert os.sched_getscheduler(ids["wait"]) == os.SCHED_OTHER
+        assert os.sched_getscheduler(os.getpid()) == os.SCHED_OTHER
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        # pytest's own threads, had one been busy, run as before.
+        for tid in map(int, os.listdir("/proc/self/task")):
+            if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
