@@ -109,14 +109,8 @@ def idle_spinning_threads(spent, interval_s):
     the server leaves; a thread that reads a clean shutdown waits in recv
     and is left alone. `spent`: {thread id: CPU seconds}, as this call
     returns it, from the call `interval_s` earlier ({} the first time)."""
-    now = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # it ended
-        now[int(tid)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    now = {thread.id: thread.user_time + thread.system_time
+           for thread in psutil.Process().threads()}
     for tid in now.keys() - {os.getpid(), threading.get_native_id()}:
         if tid in spent and now[tid] - spent[tid] > interval_s / 10:
             try:
@@ -124,10 +118,6 @@ def idle_spinning_threads(spent, interval_s):
             except OSError:
                 pass  # it ended
     return now
-
-
-# /proc's CPU times are in these units.
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def port_peers(port):
