@@ -1,6 +1,7 @@
-"""gbrun/fork_server.py: CPU ranks fork from the fork server, GPU ranks are
-spawned; the server imports the launching script's modules, but none that
-it could find elsewhere than the script did."""
+"""gbrun/fork_server.py and gbrun/preloaded.py: CPU ranks fork from the fork
+server, GPU ranks are spawned; the server imports the launching script's
+modules, but none that it could find elsewhere than the script did, and
+then freezes them."""
 import dataclasses
 import os
 import sys
@@ -82,3 +83,16 @@ def test_a_module_the_server_could_find_elsewhere_is_left_to_the_ranks(
     monkeypatch.chdir(folder)
     assert fork_server.preload(main) == [
         "my_model", "torch._dynamo", "torchmetrics", "gbrun.preloaded"]
+
+
+def test_the_servers_last_import_freezes_what_it_imported():
+    import gc
+    import importlib
+
+    sys.modules.pop("gbrun.preloaded", None)
+    assert gc.get_freeze_count() == 0
+    try:
+        importlib.import_module("gbrun.preloaded")
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()  # this process goes on collecting as before
