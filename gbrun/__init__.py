@@ -14,6 +14,9 @@ The rank runtime, which the example's run() and loop reach:
                 Machine has
     launch      the launcher and torchrun, the Job every rank gets, a rank's
                 lifecycle (run_rank)
+    fork_server how ranks start: CPU ranks fork from multiprocessing's fork
+                server, which imports the script's modules once (preload);
+                preloaded, its last import, freezes them
     stop        SIGTERM/SIGINT: every rank stops at one step, resumably
     collectives the process group's barrier and teardown, as torch 2.2
                 needs them
