@@ -53,8 +53,10 @@ And three subpackages, each for one audience:
 
 State a process keeps: the signal handlers of gbrun.stop's StopSignal
 (handed to the rank's run() in its plan), gbrun.cpu.dropout's loaded
-kernel (each module's docstring says why), and
-DGLBACKEND, set below.
+kernel, the garbage collector's frozen objects (the fork server's imports,
+which its CPU ranks inherit, and the launcher's own once its ranks have
+ended: gbrun.preloaded, gbrun.launch.launch_ranks; each module's docstring
+or comment says why), and DGLBACKEND, set below.
 """
 import os
 
