@@ -3,6 +3,7 @@ server, which imports the modules they need once (preload); GPU ranks are
 spawned (rank_start_method)."""
 import os
 import sys
+import sysconfig
 import types
 
 
@@ -37,36 +38,38 @@ def preload(main):
             names.add(value.__name__)
         elif isinstance(getattr(value, "__module__", None), str):
             names.add(value.__module__)
-    names.discard(main.__name__)
-    script = getattr(main, "__file__", None)
-    script_dir = os.path.dirname(os.path.abspath(script)) if script else None
+    names -= {main.__name__, "__main__", "__mp_main__"}
     wanted = [*sorted(names), "gbrun.preloaded"]  # that one freezes: last
-    return [name for name in wanted if name not in ("__main__", "__mp_main__")
-            and same_in_fork_server(name, script_dir, os.getcwd())]
+    return [name for name in wanted if same_in_fork_server(name, os.getcwd())]
 
 
-def same_in_fork_server(name, script_dir, cwd):
+def same_in_fork_server(name, cwd):
     """True where the fork server would import module `name` from where this
     process did. The server's sys.path starts with its working directory
-    `cwd` where this process's starts with the script's directory
-    `script_dir` (and 3.11's server ignores the sys.path it is handed:
-    CPython gh-117378), so a module found beside the script, or one whose
-    name is taken in `cwd`, may be another module there (or none); a
-    module without a file (a builtin) costs nothing to import. Nothing is
-    preloaded rather than the wrong module."""
+    `cwd` where this process's starts with the script's directory (3.11's
+    server ignores the sys.path it is handed: CPython gh-117378), and it
+    has none of the folders the script put on sys.path: only a module
+    found in `cwd`, or in the interpreter's own folders (the standard
+    library, site-packages) with its name not taken in `cwd`, is the same
+    module there. Any other (beside the script, in a folder the script
+    added, or installed in editable mode elsewhere) the ranks import
+    themselves, rather than the server importing another one."""
     top = name.partition(".")[0]
     module = sys.modules.get(top)
     where = getattr(module, "__file__", None)
     if where is None:
-        return False
-    where = os.path.dirname(os.path.abspath(where))
+        return False  # a builtin: nothing to import
+    where = os.path.dirname(os.path.realpath(where))
     if hasattr(module, "__path__"):
         where = os.path.dirname(where)  # a package: the folder it is in
-    if where == script_dir:
-        return script_dir == cwd
+    if where == os.path.realpath(cwd):
+        return True
+    installed = {os.path.realpath(path) for key, path in
+                 sysconfig.get_paths().items()
+                 if key in ("stdlib", "platstdlib", "purelib", "platlib")}
     try:
-        taken = [entry for entry in os.listdir(cwd)
-                 if entry == top or entry.startswith(top + ".")]
+        taken = any(entry == top or entry.startswith(top + ".")
+                    for entry in os.listdir(cwd))
     except OSError:
         return False
-    return where == cwd or not taken
+    return where in installed and not taken

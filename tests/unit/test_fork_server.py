@@ -43,17 +43,17 @@ def test_the_server_imports_what_the_script_imported(tmp_path, monkeypatch):
     import torch
     import torchmetrics
 
-    monkeypatch.chdir(tmp_path)
+    repo = os.path.dirname(nc.__file__)
+    monkeypatch.chdir(repo)
     main = script(tmp_path / "copy", torch=torch, metric=torchmetrics,
                   fail=gbrun.cli.fail, FEATURES=["feat"],
                   SAGE=type("SAGE", (), {"__module__": "__main__"}))
     # The module a name comes from, whether the name is a module's or not;
-    # not the script itself, which Python 3.11's server cannot import.
-    # Last, the module that freezes them (gc.freeze) once they are imported.
+    # not the script itself, which Python 3.11's server cannot import; last,
+    # the module that freezes them (gc.freeze) once they are imported.
     assert fork_server.preload(main) == [
         "gbrun.cli", "torch", "torch._dynamo", "torchmetrics", "gbrun.preloaded"]
     # The real example's, as `python node_classification.py` launches it.
-    monkeypatch.chdir(os.path.dirname(nc.__file__))
     assert {"dgl.graphbolt", "dgl.nn.pytorch", "gbrun.launch", "torch",
             "torchmetrics"} <= set(fork_server.preload(nc))
 
@@ -64,25 +64,28 @@ def test_a_module_the_server_could_find_elsewhere_is_left_to_the_ranks(
 
     folder = tmp_path / "copy"
     folder.mkdir()
-    sibling = beside(folder, "my_model", monkeypatch)
+    libs = tmp_path / "libs"
+    libs.mkdir()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    main = script(folder, my_model=sibling, torchmetrics=torchmetrics)
-    # Beside the script: the server's sys.path starts with its working
-    # directory instead, where my_model is not (or is another one).
-    assert fork_server.preload(main) == [
-        "torch._dynamo", "torchmetrics", "gbrun.preloaded"]
+    main = script(folder, my_model=beside(folder, "my_model", monkeypatch),
+                  my_lib=beside(libs, "my_lib", monkeypatch),
+                  torchmetrics=torchmetrics, fail=gbrun.cli.fail)
+    # Beside the script, in a folder the script put on sys.path, or gbrun
+    # from the checkout it is installed from (editable): the server's
+    # sys.path has none of them, and another folder may hold another one.
+    assert fork_server.preload(main) == ["torch._dynamo", "torchmetrics"]
     # A name taken in the working directory, where the server looks first.
     (elsewhere / "torchmetrics.py").write_text("")
-    assert fork_server.preload(main) == ["torch._dynamo", "gbrun.preloaded"]
+    assert fork_server.preload(main) == ["torch._dynamo"]
     (elsewhere / "torchmetrics.py").unlink()
     (elsewhere / "torch").mkdir()
-    assert fork_server.preload(main) == ["torchmetrics", "gbrun.preloaded"]
+    assert fork_server.preload(main) == ["torchmetrics"]
     # Run from the script's own folder: the server finds the same file.
     monkeypatch.chdir(folder)
     assert fork_server.preload(main) == [
-        "my_model", "torch._dynamo", "torchmetrics", "gbrun.preloaded"]
+        "my_model", "torch._dynamo", "torchmetrics"]
 
 
 def test_the_servers_last_import_freezes_what_it_imported():
