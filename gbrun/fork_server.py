@@ -40,20 +40,30 @@ def preload(main):
             names.add(value.__module__)
     names -= {main.__name__, "__main__", "__mp_main__"}
     wanted = [*sorted(names), "gbrun.preloaded"]  # that one freezes: last
-    return [name for name in wanted if same_in_fork_server(name, os.getcwd())]
+    cwd = os.path.realpath(os.getcwd())
+    try:
+        taken = os.listdir(cwd)
+    except OSError:
+        taken = None  # unreadable: any name may be taken there
+    installed = {os.path.realpath(path) for key, path in
+                 sysconfig.get_paths().items()
+                 if key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return [name for name in wanted
+            if same_in_fork_server(name, cwd, taken, installed)]
 
 
-def same_in_fork_server(name, cwd):
+def same_in_fork_server(name, cwd, taken, installed):
     """True where the fork server would import module `name` from where this
     process did. The server's sys.path starts with its working directory
-    `cwd` where this process's starts with the script's directory (3.11's
-    server ignores the sys.path it is handed: CPython gh-117378), and it
-    has none of the folders the script put on sys.path: only a module
-    found in `cwd`, or in the interpreter's own folders (the standard
-    library, site-packages) with its name not taken in `cwd`, is the same
-    module there. Any other (beside the script, in a folder the script
-    added, or installed in editable mode elsewhere) the ranks import
-    themselves, rather than the server importing another one."""
+    `cwd` (whose entries are `taken`, None if unreadable) where this
+    process's starts with the script's directory (3.11's server ignores the
+    sys.path it is handed: CPython gh-117378), and it has none of the
+    folders the script put on sys.path: only a module found in `cwd`, or in
+    the interpreter's own folders `installed` (the standard library,
+    site-packages) with its name not taken in `cwd`, is the same module
+    there. Any other (beside the script, in a folder the script added, or
+    installed in editable mode elsewhere) the ranks import themselves,
+    rather than the server importing another one."""
     top = name.partition(".")[0]
     module = sys.modules.get(top)
     where = getattr(module, "__file__", None)
@@ -62,14 +72,8 @@ def same_in_fork_server(name, cwd):
     where = os.path.dirname(os.path.realpath(where))
     if hasattr(module, "__path__"):
         where = os.path.dirname(where)  # a package: the folder it is in
-    if where == os.path.realpath(cwd):
+    if where == cwd:
         return True
-    installed = {os.path.realpath(path) for key, path in
-                 sysconfig.get_paths().items()
-                 if key in ("stdlib", "platstdlib", "purelib", "platlib")}
-    try:
-        taken = any(entry == top or entry.startswith(top + ".")
-                    for entry in os.listdir(cwd))
-    except OSError:
-        return False
-    return where in installed and not taken
+    return (taken is not None and where in installed
+            and not any(entry == top or entry.startswith(top + ".")
+                        for entry in taken))
