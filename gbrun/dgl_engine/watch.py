@@ -81,7 +81,7 @@ def exit_when_clients_are_gone(ip, port, grace_s=CLIENTS_GONE_GRACE_S,
                 clients = [(state, peer) for state, peer in clients
                            if peer == ip]
             if any(state == psutil.CONN_ESTABLISHED for state, _ in clients):
-                gone_since = None
+                gone_since, spent = None, {}  # measured afresh once gone
             elif seen:
                 gone_since = gone_since or time.monotonic()
                 spent = idle_spinning_threads(spent, poll_s)
