@@ -46,6 +46,7 @@ main
 """
 import argparse
 import ast
+import atexit
 import dataclasses
 import inspect
 import json
@@ -58,7 +59,8 @@ import gbrun.graphbolt  # noqa: F401 (first: one line if DGL cannot load)
 from gbrun import checkpoint, cli, launch, planning
 from gbrun.data import datasets
 from gbrun.dgl_engine.cleanup import (
-    fail_fast, samplers_die_with_trainer, unlink_job_memory,
+    fail_fast, samplers_die_with_trainer, skip_last_collection,
+    unlink_job_memory,
 )
 from gbrun.dgl_engine.files import DATASET_INFO_FILE, load_item_sets
 from gbrun.dgl_engine.loader import DebugHooks
@@ -377,6 +379,9 @@ def main(argv=None):
             ip, port,
             first_timeout_s=args.first_client_timeout,
             on_leave=lambda: unlink_job_memory(job.dataset.graph_name))
+        # A server ends in initialize() (sys.exit once the job is done),
+        # after DGL's own exit hooks (registered there, so run first).
+        atexit.register(skip_last_collection, job.dataset.graph_name)
     else:
         # Bounds DGL's waits for a job that failed elsewhere. The watch and
         # run_rank report this trainer's failure once, whichever is first.
@@ -405,6 +410,9 @@ def main(argv=None):
         if job.dataset.hooks.record is not None:
             torch.save(job.dataset.hooks.record, os.path.join(
                 args.dump_seeds, f"rank{plan.rank_offset}.pt"))
+    # Trained (a failure ended in fail_fast); DGL's exit hook, which shuts
+    # the servers down, still runs.
+    skip_last_collection()
 
 
 if __name__ == "__main__":

@@ -54,9 +54,10 @@ And three subpackages, each for one audience:
 State a process keeps: the signal handlers of gbrun.stop's StopSignal
 (handed to the rank's run() in its plan), gbrun.cpu.dropout's loaded
 kernel, the garbage collector's frozen objects (the fork server's imports,
-which its CPU ranks inherit, and the launcher's own once its ranks have
-ended: gbrun.preloaded, gbrun.launch.launch_ranks; each module's docstring
-or comment says why), and DGLBACKEND, set below.
+which its CPU ranks inherit, the launcher's own once its ranks have
+ended, and a DGL engine process's at a clean end: gbrun.preloaded,
+gbrun.launch.launch_ranks, gbrun.dgl_engine.cleanup.skip_last_collection;
+each module's docstring or comment says why), and DGLBACKEND, set below.
 """
 import os
 

@@ -5,7 +5,8 @@ machine, a sampler process per trainer and GraphBolt sampling on the
 servers, started as DGL's tools/launch.py starts them with one machine's
 servers late, in one shared run (options_run): it trains, within
 ACCURACY_MARGIN of node_classification.py run side by side, and its
---predict file holds a class for every node in the dataset's ids. Skipped
+--predict file holds a class for every node in the dataset's ids, and it
+leaves each machine's /dev/shm empty. Skipped
 without root and iproute2, except when CI=true."""
 import os
 import re
@@ -104,6 +105,11 @@ def test_samplers_two_servers_random_partitions_and_graphbolt_train(
     # Each trainer's sampler processes are clients of their own: 6 left.
     assert len(re.findall(r"Client\[\d\] in group\[0\] is exiting\.\.\.",
                           out + options_run["stderr"])) == 6
+    # A clean end leaves none of the job's shared memory on either machine
+    # (its servers skip the last collection: gbrun.dgl_engine.cleanup).
+    for machine in (0, 1):
+        assert f"machine {machine}: /dev/shm holds 0 entries\n" in \
+            options_run["stderr"], options_run["stderr"][-3000:]
 
 
 @pytest.mark.slow

@@ -1,10 +1,12 @@
 """gbrun.dgl_engine.cleanup: what a failing process of DGL's engine unlinks
-from /dev/shm."""
+from /dev/shm, and a clean end that skips the last collections."""
+import gc
 import mmap
 import os
 import uuid
+import weakref
 
-from gbrun.dgl_engine.cleanup import unlink_job_memory
+from gbrun.dgl_engine.cleanup import skip_last_collection, unlink_job_memory
 
 
 def shm(name, size=4096):
@@ -35,3 +37,31 @@ def test_a_failing_process_unlinks_what_it_maps_and_the_partition_book():
         for path in [mapped, *book, other]:
             if os.path.exists(path):
                 os.unlink(path)
+
+
+class Cyclic:
+    def __init__(self):
+        self.me = self
+
+
+def test_a_clean_end_freezes_every_object_a_servers_memory_unlinked_first():
+    graph = f"gbruntest{uuid.uuid4().hex[:8]}"
+    mapped = shm(f"{graph}_node_feat")
+    cycle = Cyclic()
+    alive = weakref.ref(cycle)
+    try:
+        with open(mapped, "r+b") as f, mmap.mmap(f.fileno(), 0):
+            skip_last_collection()  # a trainer's: nothing unlinked
+            assert os.path.exists(mapped)
+            skip_last_collection(graph)  # a graph server's
+            assert not os.path.exists(mapped)
+        # The cycle is frozen: no collection frees it any more.
+        del cycle
+        gc.collect()
+        assert alive() is not None
+    finally:
+        gc.unfreeze()
+        if os.path.exists(mapped):
+            os.unlink(mapped)
+    gc.collect()
+    assert alive() is None
