@@ -132,15 +132,19 @@ def load_job(args, example, plan, env=os.environ):
         in_size = sum(info["features"][key] for key in example.FEATURE_KEYS)
         model = example.create_model(in_size, num_classes)
     fanout = cli.check_fanout(args.fanout, len(model.layers))
-    key = example.resume_key(model, *example.create_optimizer(model, args),
-                             args, fanout)
+    server = env.get("DGL_ROLE") == "server"
+    # A server saves no checkpoint: it needs the key only to refuse a
+    # --resume as the trainers do (an optimizer imports torch._dynamo on
+    # construction: about 1 CPU-s).
+    key = example.resume_key(
+        model, *example.create_optimizer(model, args), args, fanout
+    ) if args.resume or not server else {}
     trainers = num_trainers(env, num_machines, samplers)
     # A server's plan is its machine's last trainer's: the job has more.
     # Trainer 0 writes the checkpoints, so it holds the directory's lock.
     start = checkpoint.start_or_resume(
         args, key, dataclasses.replace(plan, world_size=trainers),
-        args.epochs, lock=env.get("DGL_ROLE") != "server"
-        and plan.rank_offset == 0)
+        args.epochs, lock=not server and plan.rank_offset == 0)
     if start.trains:  # all but a --resume --predict of a finished run
         datasets.check_train_split(info["num_train"], args.batch_size,
                                    trainers)

@@ -292,6 +292,38 @@ def test_partitions_of_other_keys_are_refused(partitions, tmp_path,
 
 
 @pytest.mark.slow
+def test_a_graph_server_builds_the_optimizer_only_to_check_a_resume(
+        partitions, tmp_path, monkeypatch):
+    # A server saves no checkpoint: the resume key, whose optimizer imports
+    # torch._dynamo (about 1 CPU-s), serves it only to refuse a --resume as
+    # the trainers do.
+    import dist_node_classification as trainer
+
+    ip_config = tmp_path / "ip2.txt"
+    ip_config.write_text("10.0.0.1\n10.0.0.2\n")
+    for key, value in {"DGL_ROLE": "server", "DGL_SERVER_ID": "0",
+                       "DGL_NUM_CLIENT": "2", "DGL_NUM_SAMPLER": "0"}.items():
+        monkeypatch.setenv(key, value)
+    built = []
+
+    def load_job(*extra):
+        args, example = trainer.parse_args([
+            "--part-config", partitions["part_config"], "--ip-config",
+            str(ip_config), "--batch-size", "128", "--checkpoint-dir",
+            str(tmp_path / "ckpt"), *extra])
+        create = example.create_optimizer
+        monkeypatch.setattr(example, "create_optimizer", lambda *a: (
+            built.append(extra), create(*a))[1])
+        return trainer.load_job(args, example, trainer.plan_devices(args))
+
+    assert load_job().start.trains and built == []
+    with pytest.raises(trainer.cli.UsageError,
+                       match="--resume: there is no checkpoint"):
+        load_job("--resume")
+    assert built == [("--resume",)]
+
+
+@pytest.mark.slow
 def test_a_copy_whose_graphbolt_pipeline_is_edited_is_refused(
         partitions, tmp_path, monkeypatch, capsys):
     # The distributed engine loads with DGL's DistNodeDataLoader: an edit of
